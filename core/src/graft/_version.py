@@ -1,0 +1,3 @@
+"""The version of the `graft` distribution (read by setuptools at build time)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The ``graft`` command line. Each subcommand lives in its own module with ``add_parser``/``run``."""

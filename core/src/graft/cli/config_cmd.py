@@ -1,0 +1,52 @@
+"""``graft config show|check``: print the composed config, or validate YAML files."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from graft.cli.common import config_options, load_for, plugin_options
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``graft config show [overrides]`` and ``graft config check [PATH...]``."""
+    parser = subparsers.add_parser("config", help="show or check configs")
+    commands = parser.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    show = commands.add_parser(
+        "show", parents=[plugin_options(), config_options()],
+        help="print the composed, validated config as YAML")
+    show.set_defaults(run=run_show, takes_overrides=True)
+    check = commands.add_parser(
+        "check", parents=[plugin_options()],
+        help="check YAML files (default: every shipped preset) against the schema")
+    check.add_argument("paths", nargs="*", metavar="PATH", help="YAML files or folders")
+    check.set_defaults(run=run_check)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    """Compose and print."""
+    from graft.config import compose, to_yaml
+
+    manager = load_for(args)
+    print(to_yaml(compose(args.overrides, args.config, manager=manager)), end="")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Check each file; exit 2 when any is invalid."""
+    from graft.config.check import check_config_files
+    from graft.errors import ConfigError
+
+    results = check_config_files(args.paths, load_for(args))
+    if not results:
+        print("no YAML files to check")
+        return 0
+    for result in results:
+        print(f"{'ok  ' if result.error is None else 'FAIL'} {result.path}")
+        if result.error is not None:
+            print(f"     {result.error}")
+    failed = sum(r.error is not None for r in results)
+    if failed:
+        raise ConfigError(f"{failed} of {len(results)} config files are invalid")
+    print(f"{len(results)} config files valid")
+    return 0

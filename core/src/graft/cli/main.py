@@ -1,0 +1,58 @@
+"""Entry point of the ``graft`` console script and ``python -m graft``.
+
+Only argparse is imported up front, so ``graft --help`` stays fast; each subcommand imports what
+it needs when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from graft._version import __version__
+from graft.cli import config_cmd, plugins_cmd
+from graft.cli.common import collect_overrides
+from graft.errors import GraftError
+
+SUBCOMMANDS = (plugins_cmd, config_cmd)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``graft`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="graft",
+        description="Graft: LLM post-training (RL and SFT) with pip-installable plugins.",
+    )
+    parser.add_argument("--version", action="version", version=f"graft {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in SUBCOMMANDS:
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the process exit code (2 for user errors)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if extra and not getattr(args, "takes_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        args.overrides = collect_overrides(args, extra)
+        return int(args.run(args) or 0)
+    except GraftError as exc:
+        if os.environ.get("GRAFT_DEBUG") == "1":
+            traceback.print_exc()
+        print(f"graft: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("graft: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""Config: Hydra structured configs (dataclasses + OmegaConf), plugin sections, validation."""
+
+from graft.config.compose import compose, schema_config, to_yaml
+from graft.config.schema import (
+    CheckpointConfig,
+    DataConfig,
+    EngineConfig,
+    ExportConfig,
+    GraftConfig,
+    LossConfig,
+    ModelConfig,
+    OptimConfig,
+    RolloutConfig,
+    TrainerConfig,
+    choice,
+)
+
+__all__ = [
+    "CheckpointConfig",
+    "DataConfig",
+    "EngineConfig",
+    "ExportConfig",
+    "GraftConfig",
+    "LossConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RolloutConfig",
+    "TrainerConfig",
+    "choice",
+    "compose",
+    "schema_config",
+    "to_yaml",
+]

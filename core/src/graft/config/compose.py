@@ -1,0 +1,87 @@
+"""Composing the config: schema (core + plugin sections) <- YAML files <- command-line overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from graft.config.presets import resolve_config_file
+from graft.config.sections import build_root_schema
+from graft.config.sources import apply_overrides, apply_yaml_file
+from graft.errors import ConfigError
+from graft.plugins import GraftPluginManager, get_plugin_manager
+
+
+def schema_config(manager: GraftPluginManager | None = None) -> tuple[type, DictConfig]:
+    """The root schema class and its default config (struct mode) for the loaded plugins."""
+    manager = manager or get_plugin_manager()
+    schema = build_root_schema({n: s.schema for n, s in manager.config_sections.items()})
+    cfg = OmegaConf.structured(schema)
+    OmegaConf.set_struct(cfg, True)
+    return schema, cfg
+
+
+def compose(overrides: Sequence[str] = (), config_files: Sequence[str | Path] = (), *,
+            manager: GraftPluginManager | None = None) -> Any:
+    """Compose and validate the run config; return the root dataclass instance.
+
+    ``config_files`` are YAML files or preset names, merged in order; ``overrides`` are Hydra
+    override strings applied last. Raises `ConfigError` naming the offending key.
+    """
+    manager = manager or get_plugin_manager()
+    schema, cfg = schema_config(manager)
+    hint = plugin_hint(manager)
+    for item in config_files:
+        apply_yaml_file(cfg, schema, resolve_config_file(item, manager), plugin_hint=hint)
+    apply_overrides(cfg, schema, overrides, plugin_hint=hint)
+    return to_validated_object(cfg)
+
+
+def to_validated_object(cfg: DictConfig) -> Any:
+    """Turn a composed DictConfig into dataclasses and check every `choice` field."""
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid config at {getattr(exc, 'full_key', '?')!r}: {exc}") from exc
+    except (ValueError, TypeError) as exc:  # raised by a section's __post_init__
+        raise ConfigError(f"invalid config: {exc}") from exc
+    check_choices(obj)
+    return obj
+
+
+def check_choices(obj: Any, prefix: str = "") -> None:
+    """Raise `ConfigError` for a field whose value is not among its declared choices."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        dotted = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            check_choices(value, dotted + ".")
+            continue
+        choices = f.metadata.get("choices")
+        if choices is None:
+            continue
+        valid = list(choices() if callable(choices) else choices)
+        if value not in valid:
+            raise ConfigError(f"config key {dotted!r} is {value!r}; valid values: "
+                              f"{', '.join(valid)}")
+
+
+def to_yaml(obj: Any) -> str:
+    """The config as YAML (what ``graft config show`` prints and runs save as config.yaml)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(obj))
+
+
+def plugin_hint(manager: GraftPluginManager) -> str:
+    """A sentence about plugins that are installed but not loaded, for unknown-section errors."""
+    inactive = [f"{r.name} ({r.status})" for r in manager.records.values()
+                if r.status in ("disabled", "failed")]
+    loaded = [n for n in manager.loaded_names()]
+    text = f" Sections come from loaded plugins ({', '.join(loaded) or 'none loaded'})."
+    if inactive:
+        text += f" Installed but not loaded: {', '.join(inactive)} (see `graft plugins`)."
+    return text

@@ -1,0 +1,58 @@
+"""The process-wide plugin manager: loaded once, on first use.
+
+``GRAFT_PLUGINS`` (allowlist; unset = all, empty = none) and ``GRAFT_DISABLE_PLUGINS`` (set by
+``--disable-plugin``) are read then; both are inherited by processes that torchrun starts, so
+every rank sees the same plugins.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import pluggy
+
+from graft.plugins.discovery import DISABLE_ENV, allowlist_from_env, disabled_from_env
+from graft.plugins.manager import ConfigSection, GraftPluginManager, PluginRecord
+
+__all__ = [
+    "ConfigSection",
+    "GraftPluginManager",
+    "PluginRecord",
+    "get_plugin_manager",
+    "hook",
+    "load_plugins",
+]
+
+_manager: GraftPluginManager | None = None
+
+
+def load_plugins(*, disabled: Sequence[str] = ()) -> GraftPluginManager:
+    """Load the plugins of this process once, skipping ``disabled`` (plus ``GRAFT_DISABLE_PLUGINS``).
+
+    The disabled names are exported to ``GRAFT_DISABLE_PLUGINS`` so child processes agree.
+    Calling it again returns the same manager; asking then for a different disabled set is an
+    error, because hooks may already have run with the first set.
+    """
+    global _manager
+    wanted = sorted(set(disabled_from_env()) | set(disabled))
+    if _manager is not None:
+        if wanted != sorted(set(disabled_from_env())):
+            raise RuntimeError("plugins were already loaded in this process; disable them earlier")
+        return _manager
+    if wanted:
+        os.environ[DISABLE_ENV] = ",".join(wanted)
+    manager = GraftPluginManager()
+    manager.load(allowlist=allowlist_from_env(), disabled=wanted)
+    _manager = manager
+    return manager
+
+
+def get_plugin_manager() -> GraftPluginManager:
+    """The process's plugin manager, loading plugins on first use."""
+    return _manager if _manager is not None else load_plugins()
+
+
+def hook() -> pluggy.HookRelay:
+    """The hook relay of the process's plugin manager (``hook().graft_step_begin(step=1)``)."""
+    return get_plugin_manager().hook

@@ -1,0 +1,76 @@
+"""Helpers for plugin authors' own tests.
+
+* `check_plugin(plugin)`: every hookimpl matches a spec (names and arguments) and every config
+  section composes into the full schema. Raises `graft.errors.PluginError` with the fix.
+* `check_installed_plugin(name)`: the same for the plugin installed under entry-point ``name``.
+* `check_config_section(name, dataclass)`: the section composes; returns its default values.
+* `registered_plugin(plugin)`: register a plugin in this process temporarily (also the pytest
+  fixture ``graft_plugin``, available automatically once graft is installed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from graft.errors import PluginError
+from graft.plugins import GraftPluginManager, get_plugin_manager
+from graft.plugins.discovery import discover_candidates
+
+__all__ = [
+    "check_config_section",
+    "check_installed_plugin",
+    "check_plugin",
+    "registered_plugin",
+]
+
+
+def check_plugin(plugin: object, name: str = "plugin-under-test") -> list[str]:
+    """Verify ``plugin`` against the hook specs and the config schema; return its hook names."""
+    from graft.config import compose
+
+    manager = GraftPluginManager()
+    record = manager.register(plugin, name)
+    compose(manager=manager)
+    return record.hooks
+
+
+def check_installed_plugin(name: str) -> list[str]:
+    """Load the installed plugin ``name`` from its entry point and run `check_plugin` on it."""
+    for candidate in discover_candidates():
+        if candidate.name == name:
+            return check_plugin(candidate.entry_point.load(), name)
+    raise PluginError(f"no installed distribution exposes the Graft plugin {name!r}")
+
+
+def check_config_section(name: str, schema: type) -> dict[str, Any]:
+    """Compose ``schema`` as ``features.<name>``; return the section's default values."""
+    from omegaconf import OmegaConf
+
+    from graft.config import compose
+    from graft.hookspecs import hookimpl
+
+    class _SectionPlugin:
+        @staticmethod
+        @hookimpl
+        def graft_config_sections() -> list[tuple[str, type]]:
+            return [(name, schema)]
+
+    manager = GraftPluginManager()
+    manager.register(_SectionPlugin(), f"section-{name}")
+    cfg = compose(manager=manager)
+    return OmegaConf.to_container(OmegaConf.structured(getattr(cfg.features, name)))
+
+
+@contextmanager
+def registered_plugin(plugin: object, name: str | None = None,
+                      manager: GraftPluginManager | None = None) -> Iterator[GraftPluginManager]:
+    """Register ``plugin`` (in the process's manager by default) for the duration of the block."""
+    manager = manager or get_plugin_manager()
+    plugin_name = name or getattr(plugin, "__name__", None) or f"test-plugin-{id(plugin)}"
+    manager.register(plugin, plugin_name)
+    try:
+        yield manager
+    finally:
+        manager.unregister(plugin_name)

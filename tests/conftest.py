@@ -1,0 +1,73 @@
+"""Shared fixtures: real installs of the test plugin distributions, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PLUGIN_SOURCES = REPO / "tests" / "plugins"
+
+# Which test distributions each site holds; a site is a `pip install --target` folder that a
+# test puts on sys.path / PYTHONPATH, so the plugins never land in the developer's environment.
+SITES = {
+    "good": ("graft_demo_plugin", "graft_broken_plugin"),
+    "demo": ("graft_demo_plugin",),
+    "duplicate": ("graft_demo_plugin", "graft_demo_twin"),
+    "typo": ("graft_typo_plugin",),
+}
+
+ENV_KEYS = ("GRAFT_PLUGINS", "GRAFT_DISABLE_PLUGINS", "GRAFT_TRACE_PLUGINS", "GRAFT_DEBUG")
+
+
+def _pip(*args: str | Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *map(str, args)],
+                   check=True)
+
+
+@pytest.fixture(scope="session")
+def plugin_sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Build the test plugin wheels once and install them into one target folder per site."""
+    root = tmp_path_factory.mktemp("plugin-sites")
+    sources = root / "src"
+    shutil.copytree(PLUGIN_SOURCES, sources, ignore=shutil.ignore_patterns("*.egg-info", "build"))
+    wheels = root / "wheels"
+    _pip("wheel", "--no-deps", "--no-build-isolation", "-w", wheels,
+         *(sources / name for name in sorted({n for names in SITES.values() for n in names})))
+    sites = {}
+    for site, names in SITES.items():
+        files = [next(wheels.glob(f"{name}-*.whl")) for name in names]
+        _pip("install", "--no-deps", "--no-index", "--target", root / site, *files)
+        sites[site] = root / site
+    return sites
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remove the GRAFT_* switches a developer may have set."""
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
+def run_graft() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run ``python -m graft ARGS`` in a subprocess with an optional plugin site on PYTHONPATH."""
+
+    def run(args: Sequence[str], *, site: Path | None = None,
+            env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        full_env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+        if site is not None:
+            full_env["PYTHONPATH"] = os.pathsep.join(
+                [str(site), *filter(None, [full_env.get("PYTHONPATH")])])
+        full_env.update(env or {})
+        return subprocess.run([sys.executable, "-m", "graft", *args], capture_output=True,
+                              text=True, env=full_env, cwd=cwd or REPO, timeout=timeout)
+
+    return run

@@ -1,0 +1,86 @@
+"""Each hook reaches an installed plugin's implementation with the documented arguments.
+
+The flow tests (engine, checkpoint, export) check that the core calls each hook at the right
+moment; these check the dispatch contract itself: keyword arguments, subsets of arguments,
+firstresult semantics and in-place mutation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from graft.config import compose
+from graft.plugins import GraftPluginManager
+
+
+@pytest.fixture
+def manager(plugin_sites: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
+            clean_env: None) -> GraftPluginManager:
+    monkeypatch.syspath_prepend(str(plugin_sites["demo"]))
+    loaded = GraftPluginManager()
+    loaded.load()
+    return loaded
+
+
+def calls(kind: str) -> list[tuple]:
+    from graft_demo.plugin import CALLS
+
+    return [c for c in CALLS if c[0] == kind]
+
+
+def test_hook_graft_model_families_collects_lists(manager: GraftPluginManager) -> None:
+    assert manager.hook.graft_model_families() == [[]]
+    assert calls("model_families")
+
+
+def test_hook_graft_pre_shard_mutates_model(manager: GraftPluginManager) -> None:
+    model = torch.nn.Linear(2, 2)
+    cfg = compose(["features.demo.greeting=hi"], manager=manager)
+    assert manager.hook.graft_pre_shard(model=model, cfg=cfg, mesh=None) == []
+    assert model.graft_demo_greeting == "hi"
+
+
+def test_hook_graft_prepare_inputs_extends_per_token_tensors(manager: GraftPluginManager) -> None:
+    batch = {"input_ids": torch.zeros(1, 8, dtype=torch.long), "demo_flags": torch.ones(1, 5)}
+    manager.hook.graft_prepare_inputs(batch=batch, pad_size=3, cfg=None)
+    assert batch["demo_flags"].shape == (1, 8)
+    assert batch["demo_flags"][0, 5:].sum() == 0
+
+
+def test_hook_graft_step_begin_receives_step(manager: GraftPluginManager) -> None:
+    manager.hook.graft_step_begin(step=7)
+    assert ("step_begin", 7) in calls("step_begin")
+
+
+def test_hook_graft_step_end_adds_metrics(manager: GraftPluginManager) -> None:
+    metrics = {"loss": 1.0}
+    manager.hook.graft_step_end(step=1, metrics=metrics)
+    assert metrics["loss"] == 1.0 and metrics["demo/steps_seen"] >= 1
+
+
+def test_hook_graft_loss_aggregate_is_firstresult(manager: GraftPluginManager) -> None:
+    loss = torch.tensor([[1.0, 5.0], [2.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    result = manager.hook.graft_loss_aggregate(loss_mat=loss, loss_mask=mask, mode="demo-max",
+                                               ctx=None)
+    assert result == 5.0
+    assert manager.hook.graft_loss_aggregate(loss_mat=loss, loss_mask=mask, mode="unknown",
+                                             ctx=None) is None
+
+
+def test_hook_graft_ckpt_load_mutates_state(manager: GraftPluginManager) -> None:
+    state = {"model": {}, "optim": {}}
+    manager.hook.graft_ckpt_load(state=state, model=None, optimizer=None, ctx=None)
+    assert state["demo_seen"] is True
+
+
+def test_hook_graft_export_slots_maps_or_passes(manager: GraftPluginManager) -> None:
+    tensor = torch.arange(8.0).reshape(4, 2)
+    slots = manager.hook.graft_export_slots(name="layers.0.demo_fused.weight", tensor=tensor,
+                                            ctx=None)
+    assert [name for name, _ in slots] == ["layers.0.demo_a.weight", "layers.0.demo_b.weight"]
+    assert torch.equal(slots[1][1], tensor[2:])
+    assert manager.hook.graft_export_slots(name="lm_head.weight", tensor=tensor, ctx=None) is None

@@ -1,0 +1,64 @@
+"""Meta-tests on the hook contract: every spec documented and exercised by a test."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pluggy
+
+from graft import hookspecs
+from graft.plugins.validation import hook_specs
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def test_every_hook_spec_has_a_complete_docstring() -> None:
+    for name, spec in hook_specs().items():
+        doc = inspect.getdoc(spec) or ""
+        assert "When:" in doc, f"{name}: the docstring must say when the hook fires"
+        assert "rank" in doc, f"{name}: the docstring must say on which ranks it runs"
+        assert "mutate" in doc, f"{name}: the docstring must say whether it may mutate arguments"
+        assert "firstresult" in doc, f"{name}: the docstring must say whether the first result wins"
+
+
+def test_firstresult_specs_say_so_and_others_do_not_claim_it() -> None:
+    for name, spec in hook_specs().items():
+        options = getattr(spec, f"{hookspecs.PROJECT_NAME}_spec")
+        doc = inspect.getdoc(spec) or ""
+        if options["firstresult"]:
+            assert "``firstresult``:" in doc, name
+        else:
+            assert "Not ``firstresult``" in doc, name
+
+
+def test_hook_specs_are_the_design_table() -> None:
+    assert set(hook_specs()) == {
+        "graft_config_sections", "graft_model_families", "graft_pre_shard",
+        "graft_prepare_inputs", "graft_loss_aggregate", "graft_export_slots",
+        "graft_ckpt_load", "graft_step_begin", "graft_step_end",
+    }
+
+
+def test_hooks_are_called_with_keywords_only() -> None:
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    try:
+        pm.hook.graft_step_begin(1)
+    except TypeError:
+        return
+    raise AssertionError("a positional hook call must be rejected")
+
+
+def test_every_hook_is_exercised_by_a_test() -> None:
+    """Each hook needs a test function named ``test_hook_<hook name>...`` somewhere in tests/."""
+    names = set()
+    for path in TESTS.rglob("test_*.py"):
+        if "plugins" in path.relative_to(TESTS).parts[:1]:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_hook_"):
+                names.add(node.name)
+    missing = [h for h in hook_specs() if not any(n.startswith(f"test_hook_{h}") for n in names)]
+    assert not missing, f"hooks without a test_hook_<name> test: {missing}"

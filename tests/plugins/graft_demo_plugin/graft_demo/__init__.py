@@ -1,0 +1,1 @@
+"""graft-demo-plugin: a third-party Graft plugin used by Graft's own tests."""

@@ -1,0 +1,79 @@
+"""Implements every Graft hook in the simplest observable way and records each call in CALLS."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+from graft import hookimpl
+
+CALLS: list[tuple] = []
+
+
+@dataclass
+class DemoConfig:
+    greeting: str = "hello"
+    scale: float = 1.0
+    tags: List[str] = field(default_factory=list)
+
+
+@hookimpl
+def graft_config_sections():
+    return [("demo", DemoConfig)]
+
+
+@hookimpl
+def graft_model_families():
+    CALLS.append(("model_families",))
+    return []
+
+
+@hookimpl
+def graft_pre_shard(model, cfg):
+    CALLS.append(("pre_shard", type(model).__name__))
+    model.graft_demo_greeting = cfg.features.demo.greeting
+
+
+@hookimpl
+def graft_prepare_inputs(batch, pad_size):
+    CALLS.append(("prepare_inputs", pad_size))
+    flags = batch.get("demo_flags")
+    if flags is not None and pad_size:
+        import torch
+
+        batch["demo_flags"] = torch.cat([flags, flags.new_zeros((*flags.shape[:-1], pad_size))], -1)
+
+
+@hookimpl
+def graft_step_begin(step):
+    CALLS.append(("step_begin", step))
+
+
+@hookimpl
+def graft_step_end(step, metrics):
+    CALLS.append(("step_end", step))
+    metrics["demo/steps_seen"] = float(sum(1 for c in CALLS if c[0] == "step_end"))
+
+
+@hookimpl
+def graft_loss_aggregate(loss_mat, loss_mask, mode):
+    if mode != "demo-max":
+        return None
+    CALLS.append(("loss_aggregate", mode))
+    return (loss_mat * loss_mask).max()
+
+
+@hookimpl
+def graft_ckpt_load(state, ctx):
+    CALLS.append(("ckpt_load", sorted(state)))
+    state.setdefault("demo_seen", True)
+
+
+@hookimpl
+def graft_export_slots(name, tensor):
+    if not name.endswith("demo_fused.weight"):
+        return None
+    CALLS.append(("export_slots", name))
+    first, second = tensor.chunk(2, dim=0)
+    base = name.removesuffix("demo_fused.weight")
+    return [(base + "demo_a.weight", first), (base + "demo_b.weight", second)]
