@@ -4,7 +4,26 @@ Plugin authors need `hookimpl` (and `graft.config.choice`, `graft.testing`); lib
 `graft.config.compose` and the training API. Importing ``graft`` is cheap: no torch.
 """
 
+from typing import Any
+
 from graft._version import __version__
 from graft.hookspecs import hookimpl
 
-__all__ = ["__version__", "hookimpl"]
+__all__ = ["Trainer", "__version__", "build_model", "compose", "hookimpl", "parallelize", "train"]
+
+# The training API imports torch; it is loaded on first access.
+_LAZY = {
+    "train": "graft.training.api",
+    "Trainer": "graft.training.trainer",
+    "build_model": "graft.models.build",
+    "parallelize": "graft.engine.parallelize",
+    "compose": "graft.config.compose",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graft' has no attribute {name!r}")

@@ -98,19 +98,22 @@ def graft_pre_shard(model: torch.nn.Module, cfg: Any, mesh: DeviceMesh | None) -
 
 
 @hookspec
-def graft_prepare_inputs(batch: dict[str, Any], pad_size: int, cfg: Any) -> None:
+def graft_prepare_inputs(batch: dict[str, Any], pad_size: int, layout: Any, cfg: Any) -> None:
     """Adjust a packed micro-batch before the forward pass.
 
     When: for every micro-batch, after packing, the label roll and ``pad_to_length`` padding,
     before any sequence-parallel split and before the forward; on every rank, for its own
-    micro-batch. ``batch`` maps names to per-token tensors of shape ``(1, total_tokens)`` (plus
-    trailing dims) that already include ``pad_size`` pad tokens at the end (``pad_size`` is 0
-    when padding is off or not needed).
+    micro-batch. ``batch`` maps names (``input_ids``, ``labels``, ``loss_mask``,
+    ``temperature``, ``position_ids``, RL extras) to per-token tensors of shape ``(R, L)``
+    (rows x tokens, plus trailing dims) whose rows end with ``pad_size`` pad tokens added by
+    ``pad_to_length`` (0 when padding is off). ``layout`` is the
+    `graft.engine.micro_batch.PackedLayout` (where each sample sits; ``layout.pack`` places
+    per-sample tensors in the grid).
 
-    May mutate ``batch``: a plugin that carries its own per-token tensor (routing-replay targets,
-    for example) appends ``pad_size`` rows to it here so it lines up with the padded inputs. The
-    core strips the pad from every per-token output with one shared function afterwards. Return
-    value ignored. Not ``firstresult``.
+    May mutate ``batch``: a plugin that carries its own per-token tensor (routing-replay
+    targets, for example) adds it here, extended over the pad, so it lines up with the padded
+    inputs. The core strips the pad from every per-token output with one shared function
+    (``layout.unpad``). Return value ignored. Not ``firstresult``.
     """
 
 
@@ -146,6 +149,33 @@ def graft_step_end(step: int, metrics: dict[str, float]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+@hookspec
+def graft_policy_losses() -> dict[str, Any]:
+    """Declare per-token policy losses, selectable with ``loss.policy_loss=<name>``.
+
+    When: once per process, when the config is validated and when the trainer starts. Who:
+    plugins adding an RL objective (GSPO...); every rank.
+
+    Return ``{name: function}``; each function is called as
+    ``fn(logp=, old_logp=, advantages=, mask=, cfg=)`` with ``(num_sequences, max_len)`` fp32
+    tensors (``cfg`` is ``cfg.loss``) and returns ``(loss_mat, metrics)``: the per-token loss of
+    the same shape and a dict of per-token metric tensors (averaged over the mask). The result
+    is then reduced by ``graft_loss_aggregate`` with ``loss.loss_agg_mode``. Two plugins (or a
+    plugin and the core) declaring one name is an error. Must not mutate anything.
+    Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_loss_agg_modes() -> list[str]:
+    """Declare the ``loss.loss_agg_mode`` names this plugin's ``graft_loss_aggregate`` handles.
+
+    When: once per process, when the config is validated. Who: plugins that implement a mode in
+    ``graft_loss_aggregate``; every rank. Return a list of mode names; config validation accepts
+    them next to the built-in modes. Must not mutate anything. Not ``firstresult``.
+    """
+
+
 @hookspec(firstresult=True)
 def graft_loss_aggregate(
     loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str, ctx: Any
@@ -161,7 +191,7 @@ def graft_loss_aggregate(
 
     ``firstresult``: return the scalar loss for a mode you implement, None otherwise. The core
     implements the five built-in modes; a plugin adds a mode by returning a result for it (and
-    declares the name so config validation accepts it; see `graft.losses`). Must not mutate its
+    declares the name with ``graft_loss_agg_modes`` so config validation accepts it). Must not mutate its
     arguments.
     """
 

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from graft import __version__
 
 

@@ -1,6 +1,6 @@
 """Each hook reaches an installed plugin's implementation with the documented arguments.
 
-The flow tests (engine, checkpoint, export) check that the core calls each hook at the right
+The flow tests (training, checkpoint, export) check that the core calls each hook at the right
 moment; these check the dispatch contract itself: keyword arguments, subsets of arguments,
 firstresult semantics and in-place mutation.
 """
@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from graft.config import compose
+from graft.engine.micro_batch import layout_rows
 from graft.plugins import GraftPluginManager
 
 
@@ -31,34 +30,13 @@ def calls(kind: str) -> list[tuple]:
     return [c for c in CALLS if c[0] == kind]
 
 
-def test_hook_graft_model_families_collects_lists(manager: GraftPluginManager) -> None:
-    assert manager.hook.graft_model_families() == [[]]
-    assert calls("model_families")
-
-
-def test_hook_graft_pre_shard_mutates_model(manager: GraftPluginManager) -> None:
-    model = torch.nn.Linear(2, 2)
-    cfg = compose(["features.demo.greeting=hi"], manager=manager)
-    assert manager.hook.graft_pre_shard(model=model, cfg=cfg, mesh=None) == []
-    assert model.graft_demo_greeting == "hi"
-
-
 def test_hook_graft_prepare_inputs_extends_per_token_tensors(manager: GraftPluginManager) -> None:
+    layout = layout_rows([5], packs_sequences=True, pad_bucket=4)
     batch = {"input_ids": torch.zeros(1, 8, dtype=torch.long), "demo_flags": torch.ones(1, 5)}
-    manager.hook.graft_prepare_inputs(batch=batch, pad_size=3, cfg=None)
+    manager.hook.graft_prepare_inputs(batch=batch, pad_size=layout.pad_size, layout=layout,
+                                      cfg=None)
     assert batch["demo_flags"].shape == (1, 8)
     assert batch["demo_flags"][0, 5:].sum() == 0
-
-
-def test_hook_graft_step_begin_receives_step(manager: GraftPluginManager) -> None:
-    manager.hook.graft_step_begin(step=7)
-    assert ("step_begin", 7) in calls("step_begin")
-
-
-def test_hook_graft_step_end_adds_metrics(manager: GraftPluginManager) -> None:
-    metrics = {"loss": 1.0}
-    manager.hook.graft_step_end(step=1, metrics=metrics)
-    assert metrics["loss"] == 1.0 and metrics["demo/steps_seen"] >= 1
 
 
 def test_hook_graft_loss_aggregate_is_firstresult(manager: GraftPluginManager) -> None:

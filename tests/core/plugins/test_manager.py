@@ -5,9 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-import pytest
-
 import graft.plugins
+import pytest
 from graft import hookimpl
 from graft.errors import PluginError
 from graft.plugins import GraftPluginManager
@@ -59,7 +58,8 @@ def test_plugin_failing_on_import_is_isolated(site: Path, caplog: pytest.LogCapt
 
 def test_empty_allowlist_loads_nothing(site: Path) -> None:
     manager = load(allowlist=[])
-    assert {r.status for r in manager.records.values()} == {"disabled"}
+    assert {r.status for r in manager.records.values()} == {"disabled", "builtin"}
+    assert manager.loaded_names() == ["graft.losses.builtin"]
     assert manager.config_sections == {}
 
 

@@ -39,10 +39,10 @@ def compose(overrides: Sequence[str] = (), config_files: Sequence[str | Path] = 
     for item in config_files:
         apply_yaml_file(cfg, schema, resolve_config_file(item, manager), plugin_hint=hint)
     apply_overrides(cfg, schema, overrides, plugin_hint=hint)
-    return to_validated_object(cfg)
+    return to_validated_object(cfg, manager)
 
 
-def to_validated_object(cfg: DictConfig) -> Any:
+def to_validated_object(cfg: DictConfig, manager: GraftPluginManager) -> Any:
     """Turn a composed DictConfig into dataclasses and check every `choice` field."""
     try:
         obj = OmegaConf.to_object(cfg)
@@ -50,22 +50,25 @@ def to_validated_object(cfg: DictConfig) -> Any:
         raise ConfigError(f"invalid config at {getattr(exc, 'full_key', '?')!r}: {exc}") from exc
     except (ValueError, TypeError) as exc:  # raised by a section's __post_init__
         raise ConfigError(f"invalid config: {exc}") from exc
-    check_choices(obj)
+    check_choices(obj, manager)
     return obj
 
 
-def check_choices(obj: Any, prefix: str = "") -> None:
-    """Raise `ConfigError` for a field whose value is not among its declared choices."""
+def check_choices(obj: Any, manager: GraftPluginManager, prefix: str = "") -> None:
+    """Raise `ConfigError` for a field whose value is not among its declared choices.
+
+    Choices are a list, or a function of the plugin manager (registries plugins extend).
+    """
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         dotted = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
-            check_choices(value, dotted + ".")
+            check_choices(value, manager, dotted + ".")
             continue
         choices = f.metadata.get("choices")
         if choices is None:
             continue
-        valid = list(choices() if callable(choices) else choices)
+        valid = list(choices(manager) if callable(choices) else choices)
         if value not in valid:
             raise ConfigError(f"config key {dotted!r} is {value!r}; valid values: "
                               f"{', '.join(valid)}")

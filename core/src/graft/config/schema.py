@@ -11,14 +11,37 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Union
 
-Choices = Union[Sequence[str], Callable[[], Sequence[str]]]
+Choices = Union[Sequence[str], Callable[[Any], Sequence[str]]]  # noqa: UP007 (runtime alias)
 
 
 def choice(default: str, choices: Choices) -> Any:
-    """A string field whose value must be one of ``choices`` (a list, or a function returning one)."""
+    """A string field whose value must be one of ``choices``.
+
+    ``choices`` is a list, or a function taking the plugin manager and returning the names of a
+    registry that plugins extend (checked after composition, with the plugins of that run).
+    """
     return field(default=default, metadata={"choices": choices})
+
+
+# Registries are imported when a config is validated, not when the schema module loads.
+def _model_presets(manager: Any) -> Sequence[str]:
+    from graft.models.registry import presets
+
+    return sorted(presets(manager))
+
+
+def _policy_losses(manager: Any) -> Sequence[str]:
+    from graft.losses.registry import policy_loss_names
+
+    return policy_loss_names(manager)
+
+
+def _loss_agg_modes(manager: Any) -> Sequence[str]:
+    from graft.losses.registry import loss_agg_mode_names
+
+    return loss_agg_mode_names(manager)
 
 
 @dataclass
@@ -26,18 +49,18 @@ class ModelConfig:
     """Which model to train. ``path`` (a local Hugging Face directory) wins over ``preset``."""
 
     # A built-in tiny random-init model, used when `path` is null.
-    preset: str = "tiny-qwen3-moe"
+    preset: str = choice("tiny-qwen3-moe", _model_presets)
     # A local Hugging Face model directory (config.json + weights). Never downloaded.
-    path: Optional[str] = None
+    path: str | None = None
     # Master-weight dtype: auto = float32 (the optimizer keeps fp32 masters; compute dtype is
     # engine.mixed_precision).
     dtype: str = choice("auto", ("auto", "float32", "bfloat16"))
     # transformers attention backend (eager, sdpa, flash_attention_2...); null = model default.
-    attn_implementation: Optional[str] = None
+    attn_implementation: str | None = None
     # transformers MoE experts backend (eager, batched_mm, grouped_mm); null = model default.
-    experts_implementation: Optional[str] = None
+    experts_implementation: str | None = None
     # Hugging Face config fields to override (e.g. num_hidden_layers); open mapping.
-    overrides: Dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,7 +70,7 @@ class DataConfig:
     # A built-in task name, or "file" to read `path`.
     source: str = "copy"
     # JSONL (.jsonl) or Parquet (.parquet) file with one sample per row (source=file).
-    path: Optional[str] = None
+    path: str | None = None
     prompt_key: str = "prompt"
     response_key: str = "response"
     # Reference answer column for rule-based rewards (RL).
@@ -59,7 +82,7 @@ class DataConfig:
     max_response_tokens: int = 256
     shuffle: bool = True
     # Tokenizer directory; null = the model directory's tokenizer, or the built-in one for presets.
-    tokenizer: Optional[str] = None
+    tokenizer: str | None = None
 
 
 @dataclass
@@ -69,7 +92,7 @@ class TrainerConfig:
     mode: str = choice("sft", ("sft", "rl"))
     total_steps: int = 30
     # Output directory; null = runs/<timestamp>. Rerunning with the same run_dir resumes.
-    run_dir: Optional[str] = None
+    run_dir: str | None = None
     seed: int = 0
     # Sequences per optimizer step, over all data-parallel ranks.
     global_batch_size: int = 16
@@ -84,7 +107,7 @@ class OptimConfig:
 
     lr: float = 1e-3
     weight_decay: float = 0.0
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     warmup_steps: int = 0
     scheduler: str = choice("constant", ("constant", "cosine", "linear"))
@@ -119,14 +142,14 @@ class EngineConfig:
 class LossConfig:
     """Per-token policy loss and its aggregation."""
 
-    policy_loss: str = "ppo"
-    loss_agg_mode: str = "token-mean"
+    policy_loss: str = choice("ppo", _policy_losses)
+    loss_agg_mode: str = choice("token-mean", _loss_agg_modes)
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
     # Dual-clip constant c (> 1) for negative advantages; null disables dual clip.
-    clip_ratio_c: Optional[float] = 3.0
+    clip_ratio_c: float | None = 3.0
     # Constant divisor of seq-mean-token-sum-norm; null = the padded response length.
-    loss_scale_factor: Optional[float] = None
+    loss_scale_factor: float | None = None
     entropy_coef: float = 0.0
     # KL-to-reference penalty coefficient (RL); 0 disables the reference model.
     kl_coef: float = 0.0
@@ -150,7 +173,7 @@ class ExportConfig:
     """Weight export to Hugging Face directories and inference engines."""
 
     # Bucket size in MiB; null = 2048 on GPU, 64 on CPU.
-    bucket_mb: Optional[int] = None
+    bucket_mb: int | None = None
     # Send only the rows that changed since the last export.
     delta: bool = False
     # Exported dtype: auto = the model config's torch_dtype.

@@ -31,6 +31,7 @@ def check_plugin(plugin: object, name: str = "plugin-under-test") -> list[str]:
     from graft.config import compose
 
     manager = GraftPluginManager()
+    manager.load(candidates=[])  # the core's built-in plugins only
     record = manager.register(plugin, name)
     compose(manager=manager)
     return record.hooks
@@ -58,6 +59,7 @@ def check_config_section(name: str, schema: type) -> dict[str, Any]:
             return [(name, schema)]
 
     manager = GraftPluginManager()
+    manager.load(candidates=[])
     manager.register(_SectionPlugin(), f"section-{name}")
     cfg = compose(manager=manager)
     return OmegaConf.to_container(OmegaConf.structured(getattr(cfg.features, name)))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
 
 from graft import hookimpl
 
@@ -14,7 +13,7 @@ CALLS: list[tuple] = []
 class DemoConfig:
     greeting: str = "hello"
     scale: float = 1.0
-    tags: List[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
 
 
 @hookimpl
@@ -22,21 +21,34 @@ def graft_config_sections():
     return [("demo", DemoConfig)]
 
 
+def tiny_qwen2(**overrides):
+    from transformers import AutoConfig
+
+    fields = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, vocab_size=128, pad_token_id=0,
+                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    return AutoConfig.for_model("qwen2", **{**fields, **overrides})
+
+
 @hookimpl
 def graft_model_families():
+    from graft.models import ModelFamily
+
     CALLS.append(("model_families",))
-    return []
+    return [ModelFamily("qwen2", presets={"demo-qwen2": tiny_qwen2})]
 
 
 @hookimpl
 def graft_pre_shard(model, cfg):
-    CALLS.append(("pre_shard", type(model).__name__))
+    from torch.distributed.fsdp import FSDPModule
+
+    CALLS.append(("pre_shard", type(model).__name__, isinstance(model, FSDPModule)))
     model.graft_demo_greeting = cfg.features.demo.greeting
 
 
 @hookimpl
-def graft_prepare_inputs(batch, pad_size):
-    CALLS.append(("prepare_inputs", pad_size))
+def graft_prepare_inputs(batch, pad_size, layout):
+    CALLS.append(("prepare_inputs", pad_size, tuple(batch["input_ids"].shape), layout.num_samples))
     flags = batch.get("demo_flags")
     if flags is not None and pad_size:
         import torch
@@ -53,6 +65,21 @@ def graft_step_begin(step):
 def graft_step_end(step, metrics):
     CALLS.append(("step_end", step))
     metrics["demo/steps_seen"] = float(sum(1 for c in CALLS if c[0] == "step_end"))
+
+
+@hookimpl
+def graft_loss_agg_modes():
+    return ["demo-max"]
+
+
+def negated_ppo(*, logp, old_logp, advantages, mask, cfg):
+    """A toy objective: plain policy gradient, -A * logp."""
+    return -advantages * logp, {"demo_logp": logp.detach()}
+
+
+@hookimpl
+def graft_policy_losses():
+    return {"demo-pg": negated_ppo}
 
 
 @hookimpl

@@ -1,0 +1,73 @@
+"""``graft train``: compose the config, then train here or launch torchrun ranks that do."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+from typing import Any
+
+from graft.cli.common import config_options, load_for, plugin_options
+
+# torchrun options passed through unchanged (multi-node runs use torchrun's own launcher).
+TORCHRUN_OPTIONS = ("--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-backend", "--rdzv-id",
+                    "--rdzv-conf", "--master-addr", "--master-port", "--max-restarts",
+                    "--monitor-interval", "--local-addr")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``graft train [--nproc N] [--config F] [KEY=VALUE...]``."""
+    parser = subparsers.add_parser(
+        "train", parents=[plugin_options(), config_options()],
+        help="train (SFT or RL) on the composed config",
+        description="Train. With --nproc N (or any torchrun option) Graft starts torchrun, "
+                    "which runs N ranks of this same command.")
+    parser.add_argument("--nproc", type=int, default=None, metavar="N",
+                        help="processes per node (GPUs per node, or CPU ranks with gloo)")
+    group = parser.add_argument_group("torchrun options (passed through)")
+    for option in TORCHRUN_OPTIONS:
+        group.add_argument(option, default=None, dest=_dest(option))
+    parser.set_defaults(run=run, takes_overrides=True)
+
+
+def _dest(option: str) -> str:
+    return "torchrun_" + option.lstrip("-").replace("-", "_")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the config; launch torchrun if asked, else train in this process."""
+    from graft.config import compose
+
+    manager = load_for(args)
+    cfg = compose(args.overrides, args.config, manager=manager)
+    torchrun_args = [item for option in TORCHRUN_OPTIONS
+                     if (value := getattr(args, _dest(option))) is not None
+                     for item in (option, value)]
+    if (args.nproc or torchrun_args) and "LOCAL_RANK" not in os.environ:
+        return launch_torchrun(args, torchrun_args)
+    _quiet_non_main_ranks()
+    from graft.training.trainer import Trainer
+
+    Trainer(cfg).fit()
+    return 0
+
+
+def launch_torchrun(args: argparse.Namespace, torchrun_args: list[str]) -> int:
+    """Run ``python -m torch.distributed.run ... -m graft train <same config>``."""
+    # One node without rendezvous options: --standalone picks a free port, so concurrent runs
+    # on one machine do not collide on torchrun's default port.
+    standalone = [] if torchrun_args else ["--standalone"]
+    command = [sys.executable, "-m", "torch.distributed.run", *standalone,
+               "--nproc-per-node", str(args.nproc or 1), *torchrun_args, "-m", "graft", "train"]
+    for item in args.config:
+        command += ["--config", item]
+    command += list(args.overrides)
+    logging.getLogger("graft").info("launching: %s", " ".join(command))
+    return subprocess.call(command)
+
+
+def _quiet_non_main_ranks() -> None:
+    if int(os.environ.get("RANK", "0")) != 0:
+        logging.getLogger().setLevel(logging.WARNING)

@@ -1,0 +1,1 @@
+"""Data: the built-in tokenizer, synthetic tasks, JSONL/Parquet files, sampling."""

@@ -1,0 +1,45 @@
+"""Which samples each step uses: a seeded permutation per epoch, resumable from its position."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass
+class EpochSampler:
+    """Yields global batches of sample indices; ``state_dict`` / ``load_state_dict`` resume it."""
+
+    num_samples: int
+    seed: int
+    shuffle: bool = True
+    epoch: int = 0
+    offset: int = 0
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(self.num_samples))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next_batch(self, size: int) -> list[int]:
+        """The next ``size`` indices, continuing into the next epoch when this one runs out."""
+        if self.num_samples <= 0:
+            raise ValueError("cannot sample batches from an empty dataset")
+        batch: list[int] = []
+        while len(batch) < size:
+            order = self._order(self.epoch)
+            take = order[self.offset:self.offset + size - len(batch)]
+            batch.extend(take)
+            self.offset += len(take)
+            if self.offset >= self.num_samples:
+                self.epoch, self.offset = self.epoch + 1, 0
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        """The position: epoch and offset within it."""
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a saved position."""
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])

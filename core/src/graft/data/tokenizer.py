@@ -1,0 +1,50 @@
+"""The built-in character tokenizer used with presets (no files, no downloads).
+
+Ids: 0 ``<pad>``, 1 ``<bos>``, 2 ``<eos>``, 3 ``<unk>``, then printable ASCII and newline (100
+ids in all; presets have a vocabulary of 128). It is a real `PreTrainedTokenizerFast`, so it
+saves with ``save_pretrained`` next to exported weights and loads in transformers and vLLM.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from graft.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+CHARACTERS = tuple(chr(code) for code in range(32, 127)) + ("\n",)
+
+
+@lru_cache(maxsize=1)
+def builtin_tokenizer() -> PreTrainedTokenizerBase:
+    """A character-level tokenizer: one id per character."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<bos>", eos_token="<eos>",
+                                   pad_token="<pad>", unk_token="<unk>")
+
+
+def load_tokenizer(path: str | None, model_path: str | None) -> PreTrainedTokenizerBase:
+    """``data.tokenizer`` if set, else the model directory's tokenizer, else the built-in one."""
+    source = path or model_path
+    if source is None:
+        return builtin_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load a tokenizer from {source!r}: {exc}. Set data.tokenizer to "
+                          f"a local directory with tokenizer files") from exc
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

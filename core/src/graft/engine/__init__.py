@@ -1,0 +1,1 @@
+"""The training engine: distributed setup, parallelization, packed micro-batches, forward."""

@@ -1,0 +1,83 @@
+"""Process group, device and mesh: the same code path for 1 process and for torchrun ranks.
+
+A single process without torchrun still gets a (world size 1) process group and a mesh, so the
+model is always an FSDP2 module and checkpoints always have the same format.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from graft.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the run."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    mesh: DeviceMesh
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the rank that writes files and prints."""
+        return self.rank == 0
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel size (the mesh's ``dp`` dimension)."""
+        return self.mesh["dp"].size()
+
+
+def resolve_device(preference: str) -> torch.device:
+    """``auto`` picks CUDA when available, else CPU; ``cuda`` without a GPU is a config error."""
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("engine.device=cuda but no CUDA device is available; use engine.device=cpu")
+    if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def init_distributed(*, device_preference: str = "auto", ep_size: int = 1) -> DistEnv:
+    """Join (or create) the process group and build the device mesh; idempotent."""
+    device = resolve_device(device_preference)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    world_size = dist.get_world_size()
+    if ep_size != 1:
+        raise ConfigError(f"engine.ep_size={ep_size}: expert parallelism needs a model-family "
+                          f"plugin that implements it (for GPT-OSS: graft-gpt-oss); the core "
+                          f"trains with ep_size=1")
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
+    return DistEnv(dist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", 0)), device, mesh)
+
+
+def all_reduce(value: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
+    """In-place all-reduce over the default group (a no-op for world size 1); returns ``value``."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(value, op=op)
+    return value
+
+
+def broadcast_object(value: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``value`` on every rank (pickled; for small metadata only)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=src)
+    return holder[0]

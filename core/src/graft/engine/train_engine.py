@@ -1,0 +1,168 @@
+"""`TrainEngine`: a parallelized model and its optimizer, driven one mini-batch at a time.
+
+The same engine serves SFT and RL: the caller passes token samples (plus per-token extras such as
+old log-probs and advantages) and a loss function over ``(num_sequences, max_len)`` matrices;
+the engine packs micro-batches, keeps the number of micro-batches equal on every rank (FSDP2
+collectives must match), computes global normalisers, and runs forward/backward and the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from graft.engine.distributed import DistEnv, all_reduce
+from graft.engine.forward import forward_logprobs
+from graft.engine.micro_batch import MicroBatch, TokenSample, build_micro_batch
+from graft.engine.packing import plan_micro_batches
+from graft.losses.aggregation import AggregationContext
+from graft.losses.registry import aggregate_loss
+from graft.models.family import ModelFamily
+from graft.plugins import get_plugin_manager
+
+# loss_fn(logp, tensors, mask) -> (loss_mat, per-token metrics); all (S, T) fp32 matrices.
+LossFn = Callable[[torch.Tensor, Mapping[str, torch.Tensor], torch.Tensor],
+                  tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+@dataclass
+class UpdateResult:
+    """What one mini-batch's forward/backward produced, reduced over all ranks."""
+
+    loss: float
+    tokens: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class PendingUpdate:
+    """Device-side totals of a forward/backward, reduced only when `result` is called.
+
+    Reading them forces a device sync; deferring that until after the optimizer step keeps the
+    GPU busy while the CPU queues the step.
+    """
+
+    loss_total: torch.Tensor
+    tokens: int
+    sums: dict[str, torch.Tensor]
+    ctx: AggregationContext
+
+    def result(self) -> UpdateResult:
+        """All-reduce over ranks and convert to floats (metrics are averaged over the mask)."""
+        names = sorted(self.sums)
+        device = self.loss_total.device
+        packed = torch.stack([self.loss_total,
+                              torch.tensor(float(self.tokens), dtype=torch.float64, device=device),
+                              *[self.sums[n].to(device) for n in names]])
+        values = all_reduce(packed).tolist()
+        metrics = {n: values[2 + i] / max(self.ctx.global_tokens, 1.0) for i, n in enumerate(names)}
+        return UpdateResult(values[0] / self.ctx.dp_size, int(values[1]), metrics)
+
+
+@dataclass
+class TrainEngine:
+    """The sharded model, optimizer and schedule of a run, with the config that shapes them."""
+
+    model: torch.nn.Module
+    family: ModelFamily
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    env: DistEnv
+    cfg: Any
+    compute_dtype: torch.dtype
+    pad_token_id: int
+
+    def micro_batches(self, samples: Sequence[TokenSample], *,
+                      extras: Mapping[str, Sequence[torch.Tensor]] | None = None,
+                      temperatures: Sequence[float] | None = None) -> list[MicroBatch]:
+        """Pack this rank's ``samples`` into as many micro-batches as the busiest rank needs."""
+        engine = self.cfg.engine
+        lengths = [len(s) for s in samples]
+        plan = dict(token_budget=engine.max_tokens_per_micro_batch,
+                    packs_sequences=self.family.packs_sequences,
+                    linear_weight=24 * int(getattr(self.model.config, "hidden_size", 64)))
+        groups = plan_micro_batches(lengths, **plan)
+        while True:  # agree on a count every rank can reach
+            count = int(all_reduce(torch.tensor([len(groups)], device=self.env.device),
+                                   op=torch.distributed.ReduceOp.MAX).item())
+            if count == len(groups):
+                break
+            groups = plan_micro_batches(lengths, min_micro_batches=count, **plan)
+        bucket = engine.pad_to_length_bucket if engine.pad_to_length else None
+        return [build_micro_batch(
+            [samples[i] for i in group], packs_sequences=self.family.packs_sequences,
+            pad_token_id=self.pad_token_id, pad_bucket=bucket,
+            temperatures=None if temperatures is None else [temperatures[i] for i in group],
+            extras={k: [v[i] for i in group] for k, v in (extras or {}).items()},
+        ) for group in groups]
+
+    def aggregation_context(self, micro_batches: Sequence[MicroBatch],
+                            loss_scale_factor: float) -> AggregationContext:
+        """Token and sequence counts of the whole mini-batch, over all data-parallel ranks."""
+        tokens = sum(float(mb.tensors["loss_mask"].sum()) for mb in micro_batches)
+        sequences = sum(float((mb.to_sequences(mb.tensors["loss_mask"]).sum(-1) > 0).sum())
+                        for mb in micro_batches)
+        counts = all_reduce(torch.tensor([tokens, sequences], dtype=torch.float64,
+                                         device=self.env.device))
+        return AggregationContext(float(counts[0]), float(counts[1]), self.env.dp_size,
+                                  loss_scale_factor)
+
+    def forward_backward(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *,
+                         loss_scale_factor: float, with_entropy: bool = False) -> PendingUpdate:
+        """Accumulate gradients over ``micro_batches``; the loss is aggregated by mode."""
+        ctx = self.aggregation_context(micro_batches, loss_scale_factor)
+        hook = get_plugin_manager().hook
+        self.model.train()
+        loss_total = torch.zeros((), dtype=torch.float64, device=self.env.device)
+        sums: dict[str, torch.Tensor] = {}
+        tokens = 0
+        for cpu_batch in micro_batches:
+            batch = cpu_batch.to(self.env.device)
+            hook.graft_prepare_inputs(batch=batch.tensors, pad_size=batch.layout.pad_size,
+                                      layout=batch.layout, cfg=self.cfg)
+            logp, entropy = forward_logprobs(self.model, self.family, batch,
+                                             compute_dtype=self.compute_dtype,
+                                             with_entropy=with_entropy)
+            mask = batch.to_sequences(batch.tensors["loss_mask"])
+            seq_tensors = {k: batch.to_sequences(v) for k, v in batch.tensors.items()
+                           if k not in ("input_ids", "labels", "position_ids")}
+            loss_mat, metrics = loss_fn(batch.to_sequences(logp), seq_tensors, mask)
+            if entropy is not None:
+                metrics = {**metrics, "entropy": batch.to_sequences(entropy)}
+            loss = aggregate_loss(loss_mat, mask, self.cfg.loss.loss_agg_mode, ctx)
+            # Keeps the graph connected to the model even for an empty micro-batch, so every
+            # rank runs the same FSDP2 collectives in backward.
+            (loss + 0.0 * logp.sum()).backward()
+            loss_total += loss.detach().double()
+            tokens += sum(s.length for s in batch.layout.segments)
+            for name, values in metrics.items():
+                sums[name] = sums.get(name, 0.0) + (values.detach().double() * mask).sum()
+        return PendingUpdate(loss_total, tokens, sums, ctx)
+
+    @torch.no_grad()
+    def logprobs(self, micro_batches: Sequence[MicroBatch]) -> list[list[torch.Tensor]]:
+        """Per-sample label log-probabilities (CPU, fp32) under the current weights, no grad."""
+        self.model.eval()
+        out = []
+        for cpu_batch in micro_batches:
+            batch = cpu_batch.to(self.env.device)
+            logp, _ = forward_logprobs(self.model, self.family, batch,
+                                       compute_dtype=self.compute_dtype)
+            out.append([t.float().cpu() for t in batch.layout.unpad(logp)])
+        return out
+
+    def optimizer_step(self) -> torch.Tensor:
+        """Clip gradients (``optim.max_grad_norm``; 0 = no clipping), step, schedule.
+
+        Returns the gradient norm before clipping as a device tensor (read it after queuing).
+        """
+        max_norm = self.cfg.optim.max_grad_norm or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm

@@ -1,0 +1,42 @@
+"""The core's own loss hooks, registered as a built-in plugin.
+
+Kept free of torch imports at module level: the plugin manager loads it for every command,
+including ``graft plugins`` and ``graft config``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from graft.hookspecs import hookimpl
+from graft.losses.modes import BUILTIN_AGG_MODES
+
+if TYPE_CHECKING:
+    import torch
+
+    from graft.losses.aggregation import AggregationContext
+
+
+@hookimpl(trylast=True)
+def graft_loss_aggregate(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str,
+                         ctx: AggregationContext) -> torch.Tensor | None:
+    """The built-in modes; plugins are asked first, so they may also redefine one."""
+    if mode not in BUILTIN_AGG_MODES:
+        return None
+    from graft.losses.aggregation import aggregate_builtin
+
+    return aggregate_builtin(loss_mat, loss_mask, mode, ctx)
+
+
+@hookimpl
+def graft_loss_agg_modes() -> list[str]:
+    """The built-in modes."""
+    return list(BUILTIN_AGG_MODES)
+
+
+@hookimpl
+def graft_policy_losses() -> dict[str, Any]:
+    """The core's policy losses."""
+    from graft.losses.policy import ppo_clip_loss
+
+    return {"ppo": ppo_clip_loss}

@@ -1,0 +1,94 @@
+"""Building the bare (unsharded) model from ``cfg.model``: a preset or a local HF directory."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from graft.errors import ConfigError, did_you_mean
+from graft.models.family import ModelFamily
+from graft.models.registry import family_for, preset
+from graft.plugins import GraftPluginManager
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
+
+    from graft.config.schema import ModelConfig
+
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def build_model(model_cfg: ModelConfig, *, seed: int = 0, device: torch.device | str = "cpu",
+                manager: GraftPluginManager | None = None) -> tuple[torch.nn.Module, ModelFamily]:
+    """Build the model ``model_cfg`` describes, in master-weight dtype; return it and its family.
+
+    A preset is initialised from ``seed`` directly on ``device`` (same seed, same weights on
+    every rank of one device type); a local directory is loaded on CPU with ``from_pretrained``
+    and never downloads anything.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else torch.float32
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if model_cfg.attn_implementation:
+        kwargs["attn_implementation"] = model_cfg.attn_implementation
+    if model_cfg.path:
+        config = load_local_config(model_cfg.path)
+        apply_config_overrides(config, model_cfg.overrides)
+        family = family_for(config.model_type, manager)
+        model = AutoModelForCausalLM.from_pretrained(model_cfg.path, config=config,
+                                                     local_files_only=True, **kwargs)
+    else:
+        family, factory = preset(model_cfg.preset, manager)
+        check_override_keys(factory(), model_cfg.overrides)
+        config = factory(**model_cfg.overrides)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+        if family.init_weights is not None:
+            with torch.no_grad():
+                family.init_weights(model, seed)
+    if model_cfg.experts_implementation:
+        model.set_experts_implementation(model_cfg.experts_implementation)
+    model.config.use_cache = False
+    return model, family
+
+
+def load_local_config(path: str) -> PretrainedConfig:
+    """Read ``config.json`` of a local model directory; clear errors for everything else."""
+    from transformers import AutoConfig
+
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        hint = ""
+        if _HUB_ID.match(path):
+            hint = (f" It looks like a Hugging Face Hub id; Graft never downloads at run time. "
+                    f"Download it first (hf download {path} --local-dir DIR) and set "
+                    f"model.path=DIR.")
+        raise ConfigError(f"model.path {path!r} does not exist.{hint}")
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"model.path {path!r} is not a Hugging Face model directory: it has no "
+                          f"config.json (expected config.json plus *.safetensors weights)")
+    try:
+        return AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"model.path {path!r}: cannot read config.json: {exc}") from exc
+
+
+def check_override_keys(config: PretrainedConfig, overrides: dict[str, Any]) -> None:
+    """Unknown ``model.overrides`` field names are errors (transformers would accept them)."""
+    known = set(config.to_dict())
+    for key in overrides:
+        if key not in known:
+            raise ConfigError(f"model.overrides.{key}: {type(config).__name__} has no field "
+                              f"{key!r}.{did_you_mean(key, known)}")
+
+
+def apply_config_overrides(config: PretrainedConfig, overrides: dict[str, Any]) -> None:
+    """Set ``model.overrides`` entries on a loaded checkpoint's config."""
+    check_override_keys(config, overrides)
+    for key, value in overrides.items():
+        setattr(config, key, value)

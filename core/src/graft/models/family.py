@@ -1,0 +1,61 @@
+"""`ModelFamily`: what the core needs to know about one Hugging Face ``model_type``.
+
+A family is plain data plus a few small functions; the core ships families for the model types in
+`graft.models.builtin`, and plugins add or replace families through ``graft_model_families``.
+Everything has a default that works for the standard ``*ForCausalLM`` layout
+(``model.model.layers`` of decoder blocks, ``model.lm_head``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
+
+
+def standard_decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder blocks of a standard ``*ForCausalLM``: ``model.model.layers``."""
+    return list(model.get_decoder().layers)
+
+
+def no_packed_mask(config: PretrainedConfig, position_ids: torch.Tensor, dtype: torch.dtype) -> Any:
+    """Let transformers detect packed sequences from ``position_ids`` (no explicit mask)."""
+    return None
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """How Graft builds, lays out, shards and exports one Hugging Face ``model_type``.
+
+    Attributes:
+        model_type: the Hugging Face ``config.model_type`` this family handles.
+        presets: random-init presets, name -> ``f(**overrides) -> PretrainedConfig`` (the user's
+            ``model.overrides`` are passed in, so derived fields follow them).
+        decoder_blocks: the model's decoder blocks, in forward order (the units of FSDP2
+            sharding, activation checkpointing and activation offload).
+        packs_sequences: True when several samples can share one row (positions restart per
+            sample and attention stays within a sample). False makes every sample its own row.
+        packed_attention_mask: the ``attention_mask`` argument for a packed row (None lets
+            transformers derive it from ``position_ids``; a dict of per-layer-type masks for
+            models whose mask code ignores ``position_ids``).
+        init_weights: called after a random init (presets) to give buffers sensible values.
+        router_modules: the MoE router modules in layer order (routing replay); None for dense.
+        parallelize: ``f(model, family, *, cfg, mesh, device) -> model`` replacing
+            `graft.engine.parallelize.parallelize_standard` (e.g. to add expert parallelism);
+            compose the ``apply_*`` helpers of that module.
+        extras: free-form data for plugins (export handlers, EP layouts), keyed by plugin name.
+    """
+
+    model_type: str
+    presets: dict[str, Callable[..., PretrainedConfig]] = field(default_factory=dict)
+    decoder_blocks: Callable[[torch.nn.Module], Sequence[torch.nn.Module]] = standard_decoder_blocks
+    packs_sequences: bool = True
+    packed_attention_mask: Callable[[PretrainedConfig, torch.Tensor, torch.dtype], Any] = no_packed_mask
+    init_weights: Callable[[torch.nn.Module, int], None] | None = None
+    router_modules: Callable[[torch.nn.Module], Sequence[torch.nn.Module]] | None = None
+    parallelize: Callable[..., torch.nn.Module] | None = None
+    extras: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Training runs: the `Trainer`, SFT (and RL) jobs, metrics and the run directory."""

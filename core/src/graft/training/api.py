@@ -1,0 +1,15 @@
+"""The Python entry point for library users: ``graft.train(cfg)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def train(cfg: Any = None, *, overrides: tuple[str, ...] | list[str] = ()) -> list[dict[str, Any]]:
+    """Train with ``cfg`` (a config from `graft.config.compose`), or compose one from
+    ``overrides``; return the per-step metrics. Works in one process or under torchrun."""
+    from graft.config import compose
+    from graft.training.trainer import Trainer
+
+    config = cfg if cfg is not None else compose(list(overrides))
+    return Trainer(config).fit()

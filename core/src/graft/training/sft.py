@@ -1,0 +1,56 @@
+"""Supervised fine-tuning: one step = one global batch of prompt/response samples."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from graft.data.dataset import load_text_samples, tokenize_sft
+from graft.data.sampler import EpochSampler
+from graft.engine.distributed import DistEnv
+from graft.engine.train_engine import TrainEngine
+from graft.losses.policy import sft_nll_loss
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def sft_loss(logp: torch.Tensor, tensors: Mapping[str, torch.Tensor],
+             mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The per-token NLL of the response tokens."""
+    return sft_nll_loss(logp=logp), {}
+
+
+class SFTJob:
+    """Tokenized dataset, sampler, and the step that trains on one global batch."""
+
+    def __init__(self, cfg: Any, tokenizer: PreTrainedTokenizerBase, env: DistEnv) -> None:
+        self.cfg = cfg
+        self.env = env
+        data = cfg.data
+        texts = load_text_samples(data, seed=cfg.trainer.seed, require_response=True)
+        self.samples = tokenize_sft(texts, tokenizer, max_prompt_tokens=data.max_prompt_tokens,
+                                    max_response_tokens=data.max_response_tokens)
+        self.sampler = EpochSampler(len(self.samples), seed=cfg.trainer.seed, shuffle=data.shuffle)
+
+    def step(self, engine: TrainEngine) -> dict[str, float]:
+        """Train on the next global batch; this rank takes every ``world_size``-th sample."""
+        indices = self.sampler.next_batch(self.cfg.trainer.global_batch_size)
+        local = [self.samples[i] for i in indices[self.env.rank::self.env.world_size]]
+        scale = self.cfg.loss.loss_scale_factor or float(self.cfg.data.max_response_tokens)
+        pending = engine.forward_backward(engine.micro_batches(local), sft_loss,
+                                          loss_scale_factor=scale)
+        grad_norm = engine.optimizer_step()
+        result = pending.result()
+        return {"loss": result.loss, "grad_norm": float(grad_norm), "tokens": result.tokens,
+                **result.metrics}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data position (for checkpoints)."""
+        return {"sampler": self.sampler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved data position."""
+        self.sampler.load_state_dict(state["sampler"])

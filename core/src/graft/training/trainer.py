@@ -1,0 +1,115 @@
+"""`Trainer`: builds a run from the composed config and trains it, rank by rank."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from graft.data.tokenizer import load_tokenizer
+from graft.engine.distributed import DistEnv, init_distributed
+from graft.engine.parallelize import mixed_precision_policy, parallelize
+from graft.engine.train_engine import TrainEngine
+from graft.errors import ConfigError
+from graft.models.build import build_model, load_local_config
+from graft.plugins import get_plugin_manager
+from graft.training.metrics import MetricsLog, peak_memory_gib
+from graft.training.optim import build_optimizer, build_scheduler
+from graft.training.run_dir import resolve_run_dir, write_config
+from graft.training.sft import SFTJob
+
+logger = logging.getLogger("graft.train")
+
+
+def build_engine(cfg: Any, env: DistEnv, *, pad_token_id: int) -> TrainEngine:
+    """Model (preset or local), parallelized; AdamW; schedule."""
+    model, family = build_model(cfg.model, seed=cfg.trainer.seed, device=env.device)
+    model = parallelize(model, family, cfg=cfg, mesh=env.mesh, device=env.device)
+    optimizer = build_optimizer(model, cfg.optim, env.device)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.trainer.total_steps)
+    policy = mixed_precision_policy(cfg.engine.mixed_precision, env.device)
+    compute_dtype = policy.param_dtype or next(model.parameters()).dtype
+    return TrainEngine(model, family, optimizer, scheduler, env, cfg, compute_dtype, pad_token_id)
+
+
+class Trainer:
+    """One training run: `fit` trains ``trainer.total_steps`` steps and returns the metrics."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.manager = get_plugin_manager()
+        self.env = init_distributed(device_preference=cfg.engine.device,
+                                    ep_size=cfg.engine.ep_size)
+        self.run_dir = resolve_run_dir(cfg.trainer.run_dir)
+        torch.manual_seed(cfg.trainer.seed)
+        if cfg.model.path:
+            load_local_config(cfg.model.path)  # a bad model.path is reported before anything else
+        self.tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.model.path)
+        self.job = self._build_job()
+        self.engine = build_engine(cfg, self.env, pad_token_id=self.tokenizer.pad_token_id)
+        _check_vocab(self.tokenizer, self.engine.model.config)
+        self.step = 0
+        if self.env.is_main:
+            write_config(self.run_dir, cfg)
+
+    def _build_job(self) -> SFTJob:
+        if self.cfg.trainer.mode != "sft":
+            raise ConfigError(f"trainer.mode={self.cfg.trainer.mode!r} is not available yet; "
+                              f"use trainer.mode=sft")
+        return SFTJob(self.cfg, self.tokenizer, self.env)
+
+    def train_step(self) -> dict[str, Any]:
+        """Run the next step (hooks, update, metrics) and return its metrics."""
+        self.step += 1
+        hook = self.manager.hook
+        hook.graft_step_begin(step=self.step)
+        started = time.perf_counter()
+        metrics: dict[str, Any] = {"step": self.step, **self.job.step(self.engine)}
+        elapsed = time.perf_counter() - started
+        metrics.update(lr=self.engine.scheduler.get_last_lr()[0], step_time_s=elapsed,
+                       tokens_per_s=metrics["tokens"] / elapsed,
+                       peak_memory_gib=peak_memory_gib(self.env.device))
+        hook.graft_step_end(step=self.step, metrics=metrics)
+        return metrics
+
+    def fit(self) -> list[dict[str, Any]]:
+        """Train until ``trainer.total_steps``; metrics go to the console and metrics.jsonl."""
+        total = self.cfg.trainer.total_steps
+        every = max(1, self.cfg.trainer.log_every_steps)
+        with MetricsLog(self.run_dir, total_steps=total, enabled=self.env.is_main,
+                        tensorboard=self.cfg.trainer.tensorboard) as log:
+            while self.step < total:
+                metrics = self.train_step()
+                log.log(metrics, print_line=self.step % every == 0 or self.step == total)
+        if self.env.is_main:
+            print_summary(log.history, self.run_dir)
+        return log.history
+
+
+def _check_vocab(tokenizer: Any, config: Any) -> None:
+    if len(tokenizer) > config.vocab_size:
+        raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
+                          f"has {config.vocab_size}; use the model's own tokenizer (data.tokenizer)")
+
+
+def print_summary(history: list[dict[str, Any]], run_dir: Any) -> None:
+    """A short table: first and last loss, throughput, time, where outputs are."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if not history:
+        return
+    table = Table(title="graft train: summary", show_header=False)
+    first, last = history[0], history[-1]
+    for key in ("loss", "reward_mean"):
+        if key in first:
+            table.add_row(key, f"{first[key]:.4f} (step {first['step']}) -> "
+                               f"{last[key]:.4f} (step {last['step']})")
+    table.add_row("steps", str(last["step"]))
+    table.add_row("tokens/s (mean)", f"{sum(m['tokens_per_s'] for m in history) / len(history):.0f}")
+    table.add_row("time (s)", f"{sum(m['step_time_s'] for m in history):.1f}")
+    table.add_row("peak memory (GiB)", f"{max(m['peak_memory_gib'] for m in history):.2f}")
+    table.add_row("run dir", str(run_dir))
+    Console().print(table)

@@ -1,0 +1,84 @@
+"""The training flow calls each hook at its documented moment (an installed plugin, in process)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from graft.config import compose
+from graft.losses.registry import loss_agg_mode_names, policy_loss_names
+from graft.plugins import get_plugin_manager
+from graft.training.trainer import Trainer
+from torch.distributed.fsdp import FSDPModule
+
+
+@pytest.fixture
+def demo(plugin_sites: dict[str, Path], monkeypatch: pytest.MonkeyPatch, graft_plugin,
+         clean_env: None):
+    """The demo plugin registered in this process; returns a function reading its call log."""
+    get_plugin_manager()  # load this process's plugins before the demo site is importable
+    monkeypatch.syspath_prepend(str(plugin_sites["demo"]))
+    import graft_demo.plugin as plugin
+
+    plugin.CALLS.clear()
+    graft_plugin(plugin, name="demo")
+    return lambda kind: [c for c in plugin.CALLS if c[0] == kind]
+
+
+def run(tmp_path: Path, *overrides: str, steps: int = 2) -> Trainer:
+    cfg = compose([f"trainer.run_dir={tmp_path}", f"trainer.total_steps={steps}",
+                   "model.preset=tiny-llama", "engine.device=cpu", *overrides])
+    trainer = Trainer(cfg)
+    trainer.fit()
+    return trainer
+
+
+def test_hook_graft_pre_shard_sees_the_bare_model_before_fsdp(demo, tmp_path: Path) -> None:
+    trainer = run(tmp_path, "features.demo.greeting=hej", steps=1)
+    assert demo("pre_shard") == [("pre_shard", "LlamaForCausalLM", False)]
+    assert isinstance(trainer.engine.model, FSDPModule)
+    assert trainer.engine.model.graft_demo_greeting == "hej"
+
+
+def test_hook_graft_prepare_inputs_gets_the_pad_size(demo, tmp_path: Path) -> None:
+    run(tmp_path, "engine.pad_to_length=true", "engine.pad_to_length_bucket=64")
+    calls = demo("prepare_inputs")
+    assert calls and all(shape[1] % 64 == 0 for _, _, shape, _ in calls)
+    assert all(0 <= pad < 64 for _, pad, _, _ in calls) and any(pad > 0 for _, pad, _, _ in calls)
+
+
+def test_hook_graft_step_begin_fires_every_step(demo, tmp_path: Path) -> None:
+    run(tmp_path, steps=3)
+    assert [c[1] for c in demo("step_begin")] == [1, 2, 3]
+
+
+def test_hook_graft_step_end_metrics_reach_metrics_jsonl(demo, tmp_path: Path) -> None:
+    run(tmp_path, steps=2)
+    assert [c[1] for c in demo("step_end")] == [1, 2]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [row["demo/steps_seen"] for row in rows] == [1.0, 2.0]
+
+
+def test_hook_graft_loss_agg_modes_extend_validation(demo) -> None:
+    assert loss_agg_mode_names()[:5] == ["token-mean", "token-sum", "seq-mean-token-sum",
+                                         "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+    assert "demo-max" in loss_agg_mode_names()
+    assert compose(["loss.loss_agg_mode=demo-max"]).loss.loss_agg_mode == "demo-max"
+
+
+def test_hook_graft_loss_aggregate_plugin_mode_trains(demo, tmp_path: Path) -> None:
+    run(tmp_path, "loss.loss_agg_mode=demo-max")
+    assert demo("loss_aggregate")
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_hook_graft_policy_losses_register_names(demo) -> None:
+    assert {"ppo", "demo-pg"} <= set(policy_loss_names())
+    assert compose(["loss.policy_loss=demo-pg"]).loss.policy_loss == "demo-pg"
+
+
+def test_hook_graft_model_families_adds_a_trainable_preset(demo, tmp_path: Path) -> None:
+    trainer = run(tmp_path, "model.preset=demo-qwen2")
+    assert type(trainer.engine.model).__name__ == "FSDPQwen2ForCausalLM"
+    assert demo("model_families")
