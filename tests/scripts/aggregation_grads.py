@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from graft.config import compose
-from graft.engine.distributed import init_distributed
+from graft.engine.distributed import init_distributed, shutdown_distributed
 from graft.engine.micro_batch import TokenSample, build_micro_batch
 from graft.losses.modes import BUILTIN_AGG_MODES
 from graft.training.sft import sft_loss
@@ -46,6 +46,7 @@ def main(out_dir: str, micro_batches: int) -> None:
         engine.optimizer.zero_grad(set_to_none=True)
         if env.is_main:
             torch.save(grads, Path(out_dir) / f"{mode}.pt")
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

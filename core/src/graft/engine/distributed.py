@@ -47,12 +47,17 @@ def resolve_device(preference: str) -> torch.device:
     return torch.device("cpu")
 
 
+_created_process_group = False
+
+
 def init_distributed(*, device_preference: str = "auto", ep_size: int = 1) -> DistEnv:
     """Join (or create) the process group and build the device mesh; idempotent."""
+    global _created_process_group
     device = resolve_device(device_preference)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        _created_process_group = True
         backend = "nccl" if device.type == "cuda" else "gloo"
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
@@ -65,6 +70,14 @@ def init_distributed(*, device_preference: str = "auto", ep_size: int = 1) -> Di
                           f"trains with ep_size=1")
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
     return DistEnv(dist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", 0)), device, mesh)
+
+
+def shutdown_distributed() -> None:
+    """Destroy the process group if `init_distributed` created it (a clean exit for gloo/NCCL)."""
+    global _created_process_group
+    if _created_process_group and dist.is_initialized():
+        dist.destroy_process_group()
+    _created_process_group = False
 
 
 def all_reduce(value: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:

@@ -9,7 +9,11 @@ def train(cfg: Any = None, *, overrides: tuple[str, ...] | list[str] = ()) -> li
     """Train with ``cfg`` (a config from `graft.config.compose`), or compose one from
     ``overrides``; return the per-step metrics. Works in one process or under torchrun."""
     from graft.config import compose
+    from graft.engine.distributed import shutdown_distributed
     from graft.training.trainer import Trainer
 
     config = cfg if cfg is not None else compose(list(overrides))
-    return Trainer(config).fit()
+    try:
+        return Trainer(config).fit()
+    finally:
+        shutdown_distributed()
