@@ -46,8 +46,8 @@ def main(out_dir: str, micro_batches: int) -> None:
         engine.optimizer.zero_grad(set_to_none=True)
         if env.is_main:
             torch.save(grads, Path(out_dir) / f"{mode}.pt")
-    shutdown_distributed()
 
 
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]))
+    shutdown_distributed()
