@@ -20,6 +20,7 @@ import torch
 import torch._dynamo.utils as dynamo_utils
 import torch._functorch.config
 import torch._inductor.config
+
 from graft.config import compose
 from graft.engine.distributed import init_distributed
 from graft.engine.micro_batch import TokenSample

@@ -7,6 +7,7 @@ import inspect
 from pathlib import Path
 
 import pluggy
+
 from graft import hookspecs
 from graft.plugins.validation import hook_specs
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from graft.config import compose
 from graft.engine.distributed import init_distributed, shutdown_distributed
 from graft.engine.micro_batch import TokenSample, build_micro_batch

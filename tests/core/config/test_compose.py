@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from graft.config import compose, to_yaml
 from graft.errors import ConfigError
 from graft.plugins import GraftPluginManager

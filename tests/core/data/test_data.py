@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from graft.config import DataConfig
 from graft.data.dataset import load_text_samples, tokenize_sft
 from graft.data.sampler import EpochSampler

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from graft.losses.modes import BUILTIN_AGG_MODES
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "aggregation_grads.py"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from graft.engine.micro_batch import (
     TokenSample,
     build_micro_batch,

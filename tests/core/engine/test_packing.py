@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from graft.engine.packing import footprint, plan_micro_batches, workload
 from graft.errors import DataError
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from graft.errors import ConfigError
 from graft.losses.aggregation import AggregationContext, aggregate_builtin
 from graft.losses.registry import aggregate_loss

@@ -6,6 +6,7 @@ import math
 from types import SimpleNamespace
 
 import torch
+
 from graft.losses.policy import ppo_clip_loss
 
 CFG = SimpleNamespace(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from graft.config import ModelConfig
 from graft.errors import ConfigError
 from graft.models import build_model, family_for

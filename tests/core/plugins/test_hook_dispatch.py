@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from graft.checkpoint import LoadContext
 from graft.engine.micro_batch import layout_rows
 from graft.plugins import GraftPluginManager
 
@@ -49,10 +51,14 @@ def test_hook_graft_loss_aggregate_is_firstresult(manager: GraftPluginManager) -
                                              ctx=None) is None
 
 
-def test_hook_graft_ckpt_load_mutates_state(manager: GraftPluginManager) -> None:
-    state = {"model": {}, "optim": {}}
-    manager.hook.graft_ckpt_load(state=state, model=None, optimizer=None, ctx=None)
-    assert state["demo_seen"] is True
+def test_hook_graft_ckpt_load_mutates_state(manager: GraftPluginManager, tmp_path: Path) -> None:
+    default = torch.zeros(2)
+    ctx = LoadContext(tmp_path / "step_3", 3, 2, frozenset(), {"state.w.exp_avg": default})
+    state = {"model": {}, "optim": {"state.v.exp_avg": torch.ones(2)}}
+    manager.hook.graft_ckpt_load(state=state, model=None, optimizer=None, ctx=ctx)
+    assert state["demo_seen"] is True                      # the plugin ran
+    assert state["optim"]["state.w.exp_avg"] is default    # and then the core's backfill
+    assert ctx.backfilled == ["state.w.exp_avg"]
 
 
 def test_hook_graft_export_slots_maps_or_passes(manager: GraftPluginManager) -> None:

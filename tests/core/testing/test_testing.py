@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from graft import hookimpl
 from graft.errors import PluginError
 from graft.plugins import get_plugin_manager

@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from torch.distributed.fsdp import FSDPModule
+
 from graft.config import compose
 from graft.losses.registry import loss_agg_mode_names, policy_loss_names
 from graft.plugins import get_plugin_manager
 from graft.training.trainer import Trainer
-from torch.distributed.fsdp import FSDPModule
 
 
 @pytest.fixture

@@ -2,25 +2,67 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 from graft.engine.distributed import broadcast_object
 
+RUNS = Path("runs")
 
-def resolve_run_dir(configured: str | None) -> Path:
-    """``trainer.run_dir``, or ``runs/<timestamp>`` chosen by rank 0 and shared with all ranks."""
-    chosen = configured or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
+
+def resolve_run_dir(cfg: Any) -> Path:
+    """``trainer.run_dir``; otherwise the unfinished run of this same config under ``runs/`` (so
+    rerunning an interrupted command resumes it), else a new ``runs/<timestamp>``. Rank 0 decides.
+    """
+    chosen = cfg.trainer.run_dir
+    if chosen is None:
+        resumable = find_resumable_run(RUNS, cfg) if cfg.checkpoint.resume == "auto" else None
+        chosen = str(resumable or RUNS / time.strftime("%Y%m%d-%H%M%S"))
     return Path(broadcast_object(chosen))
 
 
-def write_config(run_dir: Path, cfg: Any) -> None:
-    """Save the composed config as ``<run_dir>/config.yaml`` (atomically)."""
+def config_text(cfg: Any, run_dir: str | None) -> str:
+    """The config as YAML with ``trainer.run_dir`` set to ``run_dir``."""
     from graft.config import to_yaml
 
+    trainer = dataclasses.replace(cfg.trainer, run_dir=run_dir)
+    return to_yaml(dataclasses.replace(cfg, trainer=trainer))
+
+
+def find_resumable_run(root: Path, cfg: Any) -> Path | None:
+    """The newest run under ``root`` with the same config whose last checkpoint is not final."""
+    from graft.checkpoint.layout import read_latest, step_of
+
+    wanted = config_text(cfg, None)
+    candidates = sorted((p for p in root.glob("*") if (p / "config.yaml").is_file()),
+                        key=lambda p: p.stat().st_mtime, reverse=True) if root.is_dir() else []
+    for run in candidates:
+        saved = (run / "config.yaml").read_text()
+        if saved.replace(f"run_dir: {run}\n", "run_dir: null\n") != wanted:
+            continue
+        latest = read_latest(run)
+        if latest is not None and step_of(latest) < cfg.trainer.total_steps:
+            return run
+    return None
+
+
+def write_config(run_dir: Path, cfg: Any) -> None:
+    """Save the composed config, with the resolved run dir, as ``<run_dir>/config.yaml``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     target = run_dir / "config.yaml"
     partial = target.with_suffix(".yaml.tmp")
-    partial.write_text(to_yaml(cfg))
+    partial.write_text(config_text(cfg, str(run_dir)))
     partial.replace(target)
+
+
+def truncate_metrics(run_dir: Path, last_step: int) -> None:
+    """Drop metrics.jsonl lines of steps after ``last_step`` (logged before a crash, redone now)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    path.write_text("".join(line + "\n" for line in kept))

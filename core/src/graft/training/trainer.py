@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from graft.checkpoint.manager import CheckpointManager
 from graft.data.tokenizer import load_tokenizer
 from graft.engine.distributed import DistEnv, init_distributed
 from graft.engine.parallelize import mixed_precision_policy, parallelize
@@ -17,7 +18,7 @@ from graft.models.build import build_model, load_local_config
 from graft.plugins import get_plugin_manager
 from graft.training.metrics import MetricsLog, peak_memory_gib
 from graft.training.optim import build_optimizer, build_scheduler
-from graft.training.run_dir import resolve_run_dir, write_config
+from graft.training.run_dir import config_text, resolve_run_dir, truncate_metrics, write_config
 from graft.training.sft import SFTJob
 
 logger = logging.getLogger("graft.train")
@@ -42,7 +43,7 @@ class Trainer:
         self.manager = get_plugin_manager()
         self.env = init_distributed(device_preference=cfg.engine.device,
                                     ep_size=cfg.engine.ep_size)
-        self.run_dir = resolve_run_dir(cfg.trainer.run_dir)
+        self.run_dir = resolve_run_dir(cfg)
         torch.manual_seed(cfg.trainer.seed)
         if cfg.model.path:
             load_local_config(cfg.model.path)  # a bad model.path is reported before anything else
@@ -53,6 +54,27 @@ class Trainer:
         self.step = 0
         if self.env.is_main:
             write_config(self.run_dir, cfg)
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint, self.env)
+        self._resume()
+
+    def _resume(self) -> None:
+        path = self.checkpoints.resume_path()
+        if path is None:
+            return
+        state = self.checkpoints.load(path, model=self.engine.model,
+                                      optimizer=self.engine.optimizer)
+        self.step = state["step"]
+        self.engine.scheduler.load_state_dict(state["scheduler"])
+        self.job.load_state_dict(state["job"])
+        if self.env.is_main:
+            truncate_metrics(self.run_dir, self.step)
+
+    def save_checkpoint(self) -> None:
+        """Checkpoint the current step (model, optimizer, schedule, data position, RNG)."""
+        state = {"scheduler": self.engine.scheduler.state_dict(), "job": self.job.state_dict()}
+        self.checkpoints.save(self.step, model=self.engine.model,
+                              optimizer=self.engine.optimizer, trainer_state=state,
+                              config_yaml=config_text(self.cfg, str(self.run_dir)))
 
     def _build_job(self) -> SFTJob:
         if self.cfg.trainer.mode != "sft":
@@ -83,6 +105,9 @@ class Trainer:
             while self.step < total:
                 metrics = self.train_step()
                 log.log(metrics, print_line=self.step % every == 0 or self.step == total)
+                if self.checkpoints.should_save(self.step, total):
+                    self.save_checkpoint()
+        self.checkpoints.wait()
         if self.env.is_main:
             print_summary(log.history, self.run_dir)
         return log.history

@@ -1,0 +1,41 @@
+"""The core's ``graft_ckpt_load``: give parameters without saved optimizer state fresh defaults.
+
+A parameter that never received a gradient (DeepSeek-V4's indexer, an unused head) has no Adam
+state, so a flattened optimizer checkpoint lacks its entries and loading it would fail on
+``step``. Merging the fresh optimizer's defaults under the loaded state (checkpoint entries win)
+resumes such parameters exactly as a new AdamW would start them. No collective is needed.
+Registered as a built-in plugin; torch is not imported here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from graft.hookspecs import hookimpl
+
+logger = logging.getLogger("graft.checkpoint")
+SHOWN = 5
+
+
+def parameter_of(key: str) -> str:
+    """``state.<fqn>.<name>`` -> ``<fqn>``."""
+    return key.removeprefix("state.").rsplit(".", 1)[0]
+
+
+@hookimpl(trylast=True)
+def graft_ckpt_load(state: dict[str, Any], ctx: Any) -> None:
+    """Fill ``state["optim"]`` with fresh defaults for every entry the checkpoint lacks."""
+    optim = state.get("optim")
+    if optim is None:
+        return
+    missing = [k for k in ctx.fresh_optimizer_state if k not in optim]
+    for key in missing:
+        optim[key] = ctx.fresh_optimizer_state[key]
+    ctx.backfilled = missing
+    params = sorted({parameter_of(k) for k in missing if k.startswith("state.")})
+    if params:
+        shown = ", ".join(params[:SHOWN]) + (", ..." if len(params) > SHOWN else "")
+        logger.info("checkpoint %s: %d parameters had no optimizer state (never received a "
+                    "gradient); backfilled with fresh AdamW state: %s", ctx.path.name,
+                    len(params), shown)

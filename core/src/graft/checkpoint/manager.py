@@ -1,0 +1,203 @@
+"""`CheckpointManager`: atomic DCP saves (optionally async), verified loads, exact resume.
+
+A checkpoint folder holds the DCP shards and ``.metadata`` (model and flattened optimizer state),
+``trainer.json`` (step, scheduler, data position), ``rng/rank_<r>.json`` (per-rank generator
+states), ``config.yaml`` and ``manifest.json`` (size and SHA-256 of every file).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from graft._version import __version__
+from graft.checkpoint import layout
+from graft.checkpoint.context import LoadContext
+from graft.checkpoint.manifest import build_manifest, verify_files, write_manifest
+from graft.checkpoint.rng import capture_rng_state, restore_rng_state
+from graft.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner, read_metadata
+from graft.engine.distributed import DistEnv, broadcast_object
+from graft.errors import CheckpointError
+from graft.plugins import get_plugin_manager
+
+logger = logging.getLogger("graft.checkpoint")
+OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+@contextmanager
+def _reported(action: str) -> Iterator[None]:
+    """Turn DCP's failures (a BaseException carrying every rank's traceback) into a clear error."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported with its cause
+        detail = str(exc).strip().splitlines()[-1]
+        raise CheckpointError(f"{action} failed: {detail}. The checkpoint named by "
+                              f"checkpoints/latest is untouched.") from exc
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+class CheckpointManager:
+    """Saves and loads the checkpoints of one run directory."""
+
+    def __init__(self, run_dir: Path, cfg: Any, env: DistEnv) -> None:
+        self.run_dir = run_dir
+        self.cfg = cfg
+        self.env = env
+        self._pending: tuple[Any, Path, int] | None = None
+        # Background saves coordinate over gloo, never over NCCL from a side thread.
+        self._async_group = (dist.new_group(backend="gloo")
+                             if cfg.async_save and env.device.type == "cuda" else None)
+
+    def should_save(self, step: int, total_steps: int) -> bool:
+        """Every ``every_steps`` steps and after the last one."""
+        every = self.cfg.every_steps
+        return step == total_steps or (every > 0 and step % every == 0)
+
+    def save(self, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             trainer_state: dict[str, Any], config_yaml: str) -> None:
+        """Write a checkpoint of ``step``; published atomically once every rank's shards exist."""
+        self.wait()
+        tmp = self._make_tmp_dir(step)
+        model_state, optim_state = get_state_dict(model, optimizer, options=OPTIONS)
+        self._write_side_files(tmp, step, trainer_state, config_yaml)
+        state = {"model": model_state, "optim": optim_state}
+        writer = dcp.FileSystemWriter(str(tmp))
+        with _reported(f"saving checkpoint step_{step} into {tmp}"):
+            if self.cfg.async_save:
+                future = dcp.async_save(state, storage_writer=writer,
+                                        process_group=self._async_group)
+                self._pending = (future, tmp, step)
+            else:
+                dcp.save(state, storage_writer=writer)
+        if not self.cfg.async_save:
+            self._publish(tmp, step)
+
+    def wait(self) -> None:
+        """Finish (and publish) an asynchronous save still in flight."""
+        if self._pending is None:
+            return
+        future, tmp, step = self._pending
+        self._pending = None
+        with _reported(f"saving checkpoint step_{step} into {tmp}"):
+            future.result()
+        self._publish(tmp, step)
+
+    def _make_tmp_dir(self, step: int) -> Path:
+        name = broadcast_object(f"{layout.TMP_PREFIX}step_{step}-{uuid.uuid4().hex[:8]}")
+        tmp = layout.checkpoints_dir(self.run_dir) / name
+        if self.env.is_main:
+            (tmp / "rng").mkdir(parents=True)
+        _barrier()
+        return tmp
+
+    def _write_side_files(self, tmp: Path, step: int, trainer_state: dict[str, Any],
+                          config_yaml: str) -> None:
+        rank_file = tmp / "rng" / f"rank_{self.env.rank}.json"
+        rank_file.write_text(json.dumps(capture_rng_state()))
+        if self.env.is_main:
+            meta = {"step": step, "world_size": self.env.world_size, "graft_version": __version__,
+                    "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **trainer_state}
+            (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
+            (tmp / "config.yaml").write_text(config_yaml)
+
+    def _publish(self, tmp: Path, step: int) -> None:
+        _barrier()
+        entries = build_manifest(tmp, rank=self.env.rank, world=self.env.world_size)
+        if self.env.is_main:
+            write_manifest(tmp, entries)
+            layout.publish(tmp, layout.step_dir(self.run_dir, step))
+            layout.prune(self.run_dir, self.cfg.keep_last)
+            logger.info("saved checkpoint %s", layout.step_dir(self.run_dir, step))
+        _barrier()
+
+    def resume_path(self) -> Path | None:
+        """The checkpoint ``checkpoint.resume`` selects: latest (auto), none (never), or a path."""
+        resume = self.cfg.resume
+        if resume == "never":
+            return None
+        if resume == "auto":
+            return layout.read_latest(self.run_dir)
+        path = Path(resume).expanduser()
+        if layout.checkpoints_dir(path).is_dir():  # a run directory: its latest checkpoint
+            latest = layout.read_latest(path)
+            if latest is None:
+                raise CheckpointError(f"checkpoint.resume={resume!r}: that run has no checkpoint")
+            return latest
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint.resume={resume!r} does not exist (give a "
+                                  f"checkpoint folder step_<N>, a run directory, auto or never)")
+        return path
+
+    def load(self, path: Path, *, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Verify, read, let plugins fix (``graft_ckpt_load``), then load into model and optimizer.
+
+        Returns ``trainer.json`` (step, scheduler, data position) and restores this rank's
+        random-number generators.
+        """
+        verify_files(path, checksums=True, rank=self.env.rank, world=self.env.world_size)
+        metadata = read_metadata(path)
+        model_state, fresh_optim = get_state_dict(model, optimizer, options=OPTIONS)
+        check_compatible(path, metadata.state_dict_metadata, model_state)
+        keys = frozenset(metadata.state_dict_metadata)
+        state = {"model": model_state,
+                 "optim": {k: v for k, v in fresh_optim.items() if f"optim.{k}" in keys}}
+        with _reported(f"loading checkpoint {path}"):
+            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)),
+                     planner=SafeLoadPlanner())
+        trainer = json.loads((path / "trainer.json").read_text())
+        defaults = {k: v for k, v in fresh_optim.items() if k not in state["optim"]}
+        ctx = LoadContext(path, trainer["step"], trainer["world_size"], keys, defaults)
+        get_plugin_manager().hook.graft_ckpt_load(state=state, model=model, optimizer=optimizer,
+                                                  ctx=ctx)
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"], options=OPTIONS)
+        restore_rng_state(self._rng_state(path))
+        logger.info("resumed from %s (step %d, saved by %d ranks)", path, trainer["step"],
+                    trainer["world_size"])
+        return trainer
+
+    def _rng_state(self, path: Path) -> dict[str, Any]:
+        own = path / "rng" / f"rank_{self.env.rank}.json"
+        # With more ranks than the checkpoint had, new ranks continue from rank 0's generators.
+        return json.loads((own if own.is_file() else path / "rng" / "rank_0.json").read_text())
+
+
+def check_compatible(path: Path, saved: dict[str, Any], model_state: dict[str, Any]) -> None:
+    """Every model tensor must exist in the checkpoint with the same global shape, and vice versa."""
+    for name, tensor in model_state.items():
+        entry = saved.get(f"model.{name}")
+        if entry is None:
+            raise CheckpointError(f"checkpoint {path} has no parameter {name!r}: the model config "
+                                  f"differs from the one it was saved with ({path / 'config.yaml'})")
+        if hasattr(entry, "size") and tuple(entry.size) != tuple(tensor.shape):
+            raise CheckpointError(f"checkpoint {path}: parameter {name!r} has shape "
+                                  f"{tuple(entry.size)} there but {tuple(tensor.shape)} in this "
+                                  f"model; the model config differs ({path / 'config.yaml'})")
+    extra = sorted(k[len("model."):] for k in saved
+                   if k.startswith("model.") and k[len("model."):] not in model_state)
+    if extra:
+        raise CheckpointError(f"checkpoint {path} has parameters this model lacks: "
+                              f"{', '.join(extra[:5])}; the model config differs")

@@ -1,0 +1,73 @@
+"""Reading DCP checkpoints without letting them run code.
+
+``torch.distributed.checkpoint`` unpickles ``.metadata`` with plain ``pickle`` and non-tensor
+values with ``torch.load(weights_only=False)``: a crafted checkpoint could execute anything.
+Graft reads the metadata with an unpickler that only rebuilds DCP's own metadata classes, and
+non-tensor values with ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
+
+from graft.errors import CheckpointError
+
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+_ALLOWED = {("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+            ("torch", "Size"), ("torch.serialization", "_get_layout"),
+            ("collections", "OrderedDict")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED or module in _DCP_MODULES:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in checkpoint metadata")
+
+
+def read_metadata(path: Path) -> Metadata:
+    """Read ``<path>/.metadata`` with the restricted unpickler; `CheckpointError` naming the file."""
+    file = path / ".metadata"
+    if not file.is_file():
+        raise CheckpointError(f"{file} is missing: {path} is not a complete DCP checkpoint")
+    try:
+        metadata = _MetadataUnpickler(io.BytesIO(file.read_bytes())).load()
+    except Exception as exc:  # noqa: BLE001 - any decoding failure means a bad file
+        raise CheckpointError(f"{file} is unreadable or corrupted: {exc}") from exc
+    if not isinstance(metadata, Metadata):
+        raise CheckpointError(f"{file} does not hold DCP metadata")
+    return metadata
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """A `FileSystemReader` whose metadata comes from the restricted unpickler."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        metadata = read_metadata(Path(self.path))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """Loads non-tensor values (optimizer hyper-parameters) with ``weights_only=True``."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded

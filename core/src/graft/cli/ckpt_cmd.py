@@ -1,0 +1,58 @@
+"""``graft ckpt inspect|verify DIR``: look into a checkpoint without loading a model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``graft ckpt inspect DIR [--json] [--config]`` and ``graft ckpt verify DIR``."""
+    parser = subparsers.add_parser("ckpt", help="inspect or verify a checkpoint")
+    commands = parser.add_subparsers(dest="ckpt_command", metavar="ACTION", required=True)
+    inspect = commands.add_parser("inspect", help="step, world size, size, parameters, "
+                                                  "parameters without optimizer state")
+    inspect.add_argument("path", metavar="DIR", help="a step_<N> folder or a run directory")
+    inspect.add_argument("--json", action="store_true", help="print JSON")
+    inspect.add_argument("--config", action="store_true", help="also print the saved config")
+    inspect.set_defaults(run=run_inspect)
+    verify = commands.add_parser("verify", help="check every file (size, SHA-256) and read "
+                                                "every tensor")
+    verify.add_argument("path", metavar="DIR", help="a step_<N> folder or a run directory")
+    verify.set_defaults(run=run_verify)
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """Print the summary."""
+    from graft.checkpoint.reader import resolve_checkpoint, summarize, summary_dict
+
+    summary = summarize(resolve_checkpoint(args.path))
+    if args.json:
+        print(json.dumps(summary_dict(summary), indent=2))
+        return 0
+    print(f"checkpoint      {summary.path}")
+    print(f"step            {summary.step}")
+    print(f"world size      {summary.world_size} (saved by graft {summary.graft_version}, "
+          f"{summary.saved_at})")
+    print(f"size on disk    {summary.size_bytes / 2**20:.1f} MiB in {summary.num_files} files")
+    print(f"parameters      {summary.parameter_count:,} in {summary.num_tensors} tensors")
+    missing = summary.params_without_optimizer_state
+    print(f"without optimizer state: {len(missing)}" + (f" ({', '.join(missing)})" if missing else ""))
+    if args.config:
+        print("\n" + summary.config_yaml, end="")
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """Exit 0 when every file matches the manifest and every tensor reads back."""
+    from graft.checkpoint.manifest import verify_files
+    from graft.checkpoint.reader import load_tensors, resolve_checkpoint, summarize
+
+    path = resolve_checkpoint(args.path)
+    verify_files(path, checksums=True)
+    summary = summarize(path)
+    tensors = load_tensors(path, prefix="")
+    print(f"ok: {path}: {summary.num_files} files match manifest.json, {len(tensors)} tensors "
+          f"read ({summary.size_bytes / 2**20:.1f} MiB)")
+    return 0
