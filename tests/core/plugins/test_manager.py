@@ -11,8 +11,8 @@ import graft.plugins
 from graft import hookimpl
 from graft.errors import PluginError
 from graft.plugins import GraftPluginManager
-from graft.plugins.manager import BUILTIN_PLUGINS
 from graft.plugins.discovery import discover_candidates
+from graft.plugins.manager import BUILTIN_PLUGINS
 from graft.plugins.tracing import install_tracing
 
 

@@ -14,11 +14,11 @@ import traceback
 from collections.abc import Sequence
 
 from graft._version import __version__
-from graft.cli import ckpt_cmd, config_cmd, plugins_cmd, train_cmd
+from graft.cli import ckpt_cmd, config_cmd, export_cmd, plugins_cmd, train_cmd
 from graft.cli.common import collect_overrides
 from graft.errors import GraftError
 
-SUBCOMMANDS = (train_cmd, plugins_cmd, config_cmd, ckpt_cmd)
+SUBCOMMANDS = (train_cmd, plugins_cmd, config_cmd, ckpt_cmd, export_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -57,6 +57,22 @@ def build_model(model_cfg: ModelConfig, *, seed: int = 0, device: torch.device |
     return model, family
 
 
+def build_skeleton(model_cfg: ModelConfig) -> torch.nn.Module:
+    """The model ``model_cfg`` describes on the meta device: its config and layout, no memory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if model_cfg.path:
+        config = load_local_config(model_cfg.path)
+        apply_config_overrides(config, model_cfg.overrides)
+    else:
+        _, factory = preset(model_cfg.preset)
+        check_override_keys(factory(), model_cfg.overrides)
+        config = factory(**model_cfg.overrides)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
 def load_local_config(path: str) -> PretrainedConfig:
     """Read ``config.json`` of a local model directory; clear errors for everything else."""
     from transformers import AutoConfig

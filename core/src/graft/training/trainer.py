@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from graft.engine.distributed import DistEnv, init_distributed
 from graft.engine.parallelize import mixed_precision_policy, parallelize
 from graft.engine.train_engine import TrainEngine
 from graft.errors import ConfigError
+from graft.export.hf import export_model_to_hf
 from graft.models.build import build_model, load_local_config
 from graft.plugins import get_plugin_manager
 from graft.training.metrics import MetricsLog, peak_memory_gib
@@ -82,6 +84,13 @@ class Trainer:
                               f"use trainer.mode=sft")
         return SFTJob(self.cfg, self.tokenizer, self.env)
 
+    def export_hf(self, out_dir: Path) -> None:
+        """Write the current weights as a Hugging Face directory (every rank takes part)."""
+        stats = export_model_to_hf(self.engine.model, out_dir, export_cfg=self.cfg.export,
+                                   tokenizer=self.tokenizer, is_main=self.env.is_main)
+        logger.info("exported %d tensors (%.1f MB) to %s in %.2f s", stats.tensors,
+                    stats.bytes_total / 1e6, out_dir, stats.seconds)
+
     def train_step(self) -> dict[str, Any]:
         """Run the next step (hooks, update, metrics) and return its metrics."""
         self.step += 1
@@ -108,6 +117,8 @@ class Trainer:
                 if self.checkpoints.should_save(self.step, total):
                     self.save_checkpoint()
         self.checkpoints.wait()
+        if self.cfg.export.hf_at_end:
+            self.export_hf(self.run_dir / "hf")
         if self.env.is_main:
             print_summary(log.history, self.run_dir)
         return log.history

@@ -1,0 +1,47 @@
+"""`Bucket`: one reusable flat buffer that export packs tensors into, handed to a sink when full."""
+
+from __future__ import annotations
+
+import torch
+
+ALIGN = 64  # bytes; keeps every view aligned for any dtype
+
+
+class Bucket:
+    """A byte buffer of fixed capacity holding named tensors back to back."""
+
+    def __init__(self, capacity_bytes: int, device: torch.device, *, pin: bool = False) -> None:
+        self.capacity = capacity_bytes
+        self.buffer = torch.empty(capacity_bytes, dtype=torch.uint8, device=device,
+                                  pin_memory=pin and device.type == "cpu"
+                                  and torch.cuda.is_available())
+        self.entries: list[tuple[str, torch.dtype, torch.Size, int]] = []
+        self.used = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> bool:
+        """Copy ``tensor`` in; False (nothing copied) when it does not fit."""
+        nbytes = tensor.numel() * tensor.element_size()
+        start = -(-self.used // ALIGN) * ALIGN
+        if start + nbytes > self.capacity:
+            return False
+        target = self.buffer[start:start + nbytes].view(tensor.dtype).view(tensor.shape)
+        target.copy_(tensor, non_blocking=True)
+        self.entries.append((name, tensor.dtype, tensor.shape, start))
+        self.used = start + nbytes
+        return True
+
+    def views(self) -> list[tuple[str, torch.Tensor]]:
+        """The packed tensors as views of the buffer (valid until the next `clear`)."""
+        out = []
+        for name, dtype, shape, start in self.entries:
+            nbytes = shape.numel() * dtype.itemsize
+            out.append((name, self.buffer[start:start + nbytes].view(dtype).view(shape)))
+        return out
+
+    def clear(self) -> None:
+        """Forget the contents; the buffer is reused."""
+        self.entries.clear()
+        self.used = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)

@@ -1,0 +1,28 @@
+"""`ExportContext`: what export handlers (``graft_export_slots``) know about the export."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ExportContext:
+    """The model being exported and how.
+
+    Attributes:
+        model: the trained model (possibly an FSDP2 module).
+        model_type: ``model.config.model_type``.
+        skeleton: the same architecture, unsharded, on the meta device: transformers' weight
+            conversion mapping is resolved against it (FSDP2's class swap would hide the
+            original module classes that some mappings depend on).
+        dtype: the exported dtype (a ``torch.dtype``), or None to keep the trained dtype.
+        expert_offset: global index of the first expert in the tensor a handler receives
+            (0 unless an expert-parallel plugin streams blocks of experts).
+    """
+
+    model: Any
+    model_type: str
+    skeleton: Any = None
+    dtype: Any = None
+    expert_offset: int = 0

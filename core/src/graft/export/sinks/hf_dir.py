@@ -1,0 +1,110 @@
+"""`HFDirectorySink`: a Hugging Face model directory that ``from_pretrained`` loads as is.
+
+Sharded ``*.safetensors`` files with ``model.safetensors.index.json``, ``config.json``,
+``generation_config.json`` and the tokenizer when there is one. Everything is written into a
+temporary folder that replaces the target at `finish`, so a failed export leaves the previous
+directory untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from graft.checkpoint.layout import fsync_tree
+
+INDEX = "model.safetensors.index.json"
+
+
+class HFDirectorySink:
+    """Writes an export to ``out_dir`` (replaced atomically)."""
+
+    def __init__(self, out_dir: str | Path, *, config: Any, dtype: torch.dtype | None = None,
+                 generation_config: Any = None, tokenizer: Any = None,
+                 max_shard_bytes: int = 5 << 30) -> None:
+        self.out_dir = Path(out_dir)
+        self.config = config
+        self.dtype = dtype
+        self.generation_config = generation_config
+        self.tokenizer = tokenizer
+        self.max_shard_bytes = max_shard_bytes
+        self._tmp: Path | None = None
+        self._shard: dict[str, torch.Tensor] = {}
+        self._shard_bytes = 0
+        self._files: list[tuple[str, list[str]]] = []
+
+    def begin(self) -> None:
+        """Create the temporary folder next to the target."""
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = self.out_dir.with_name(f".tmp-{self.out_dir.name}-{uuid.uuid4().hex[:8]}")
+        self._tmp.mkdir()
+        self._shard, self._shard_bytes, self._files = {}, 0, []
+
+    def consume(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy tensors to CPU; write a shard whenever it reaches ``max_shard_bytes``."""
+        for name, tensor in tensors:
+            nbytes = tensor.numel() * tensor.element_size()
+            if self._shard and self._shard_bytes + nbytes > self.max_shard_bytes:
+                self._write_shard()
+            self._shard[name] = tensor.detach().to("cpu", copy=True).contiguous()
+            self._shard_bytes += nbytes
+
+    def finish(self) -> None:
+        """Name the shards, write index, config, generation config, tokenizer; swap in."""
+        self._write_shard()
+        count = len(self._files)
+        weight_map = {}
+        for index, (partial, names) in enumerate(self._files, start=1):
+            final = "model.safetensors" if count == 1 else f"model-{index:05d}-of-{count:05d}.safetensors"
+            os.replace(self._tmp / partial, self._tmp / final)
+            weight_map.update({name: final for name in names})
+        if count > 1:
+            total = sum((self._tmp / f).stat().st_size for f in set(weight_map.values()))
+            index_json = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            (self._tmp / INDEX).write_text(json.dumps(index_json, indent=2))
+        self._write_configs()
+        fsync_tree(self._tmp)
+        self._swap_in()
+
+    def abort(self, error: BaseException) -> None:
+        """Remove the temporary folder; the previous export (if any) stays."""
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def _write_shard(self) -> None:
+        if not self._shard:
+            return
+        name = f"partial-{len(self._files):05d}.safetensors"
+        save_file(self._shard, str(self._tmp / name), metadata={"format": "pt"})
+        self._files.append((name, list(self._shard)))
+        self._shard, self._shard_bytes = {}, 0
+
+    def _write_configs(self) -> None:
+        config = copy.deepcopy(self.config)
+        config.use_cache = True  # trained with the cache off; inference wants it
+        if self.dtype is not None:
+            config.dtype = str(self.dtype).removeprefix("torch.")
+        config.save_pretrained(self._tmp)
+        if self.generation_config is not None:
+            self.generation_config.save_pretrained(self._tmp)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(self._tmp)
+
+    def _swap_in(self) -> None:
+        old = None
+        if self.out_dir.exists():
+            old = self.out_dir.with_name(f".old-{self.out_dir.name}-{uuid.uuid4().hex[:8]}")
+            os.replace(self.out_dir, old)
+        os.replace(self._tmp, self.out_dir)
+        self._tmp = None
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)

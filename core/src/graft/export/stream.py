@@ -1,0 +1,149 @@
+"""Streamed weight export: one parameter at a time, through a reused bucket, into a sink.
+
+Every rank walks the same parameters in the same order and takes part in gathering each one from
+its FSDP2 shards; the exporting rank (rank 0) converts it to HF layout (``graft_export_slots``),
+packs the result into a bucket of ``export.bucket_mb`` and hands full buckets to the sink. The
+full state dict is never built: extra memory stays within one bucket plus the largest parameter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from graft.export.bucket import Bucket
+from graft.export.context import ExportContext
+from graft.export.delta import DeltaTracker
+from graft.export.handlers import export_slots, exported_entries, meta_skeleton
+from graft.export.sinks.base import DeltaEntry, DeltaSink, WeightSink
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, model: torch.nn.Module) -> torch.dtype | None:
+    """``export.dtype``: ``auto`` is the model config's dtype, else the trained dtype (None)."""
+    if name != "auto":
+        return DTYPES[name]
+    configured = getattr(model.config, "dtype", None)
+    if isinstance(configured, str):
+        configured = DTYPES.get(configured)
+    return configured if isinstance(configured, torch.dtype) else None
+
+
+def default_bucket_bytes(bucket_mb: int | None, device: torch.device) -> int:
+    """``export.bucket_mb`` in bytes; null means 2048 MiB on GPU and 64 MiB on CPU."""
+    return (bucket_mb or (2048 if device.type == "cuda" else 64)) << 20
+
+
+@dataclass
+class ExportStats:
+    """What one export moved."""
+
+    tensors: int = 0
+    bytes_sent: int = 0
+    bytes_total: int = 0
+    buckets: int = 0
+    seconds: float = 0.0
+    delta: bool = False
+
+    @property
+    def gb_per_s(self) -> float:
+        """Full-model bytes per second (GB/s)."""
+        return self.bytes_total / max(self.seconds, 1e-9) / 1e9
+
+
+def gather_full(value: torch.Tensor) -> torch.Tensor:
+    """The whole tensor from its shards (a collective for DTensors: call on every rank)."""
+    full = value.full_tensor() if hasattr(value, "full_tensor") else value
+    return full.detach()
+
+
+def hf_tensors(model: torch.nn.Module, *, dtype: torch.dtype | None,
+               is_main: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every exported tensor as ``(hf_name, tensor)``, gathered one parameter at a time.
+
+    The Python iterator for library users. Under several ranks every rank must exhaust it (it
+    gathers collectively); only ``is_main`` ranks get tensors.
+    """
+    ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype)
+    for name, value in exported_entries(model):
+        full = gather_full(value)
+        if not is_main:
+            continue
+        if dtype is not None and full.is_floating_point():
+            full = full.to(dtype)
+        yield from export_slots(name, full, ctx)
+
+
+class WeightExporter:
+    """Exports a model to sinks again and again, keeping the delta snapshot between exports."""
+
+    def __init__(self, model: torch.nn.Module, *, bucket_bytes: int, dtype: torch.dtype | None,
+                 delta: bool, is_main: bool, bucket_device: torch.device | None = None) -> None:
+        self.model = model
+        self.dtype = dtype
+        self.is_main = is_main
+        self.tracker = DeltaTracker() if delta else None
+        device = bucket_device or next(model.parameters()).device
+        self.bucket = Bucket(bucket_bytes, device, pin=True) if is_main else None
+
+    def export(self, sink: WeightSink | None) -> ExportStats:
+        """One full or delta export into ``sink`` (None on ranks that only help gather)."""
+        stats = ExportStats(delta=self.tracker is not None and bool(self.tracker.snapshot))
+        started = time.perf_counter()
+        if sink is not None:
+            sink.begin()
+        try:
+            for hf_name, tensor in hf_tensors(self.model, dtype=self.dtype, is_main=self.is_main):
+                stats.tensors += 1
+                stats.bytes_total += tensor.numel() * tensor.element_size()
+                self._route(sink, hf_name, tensor, stats)
+            self._flush(sink, stats)
+            if sink is not None:
+                sink.finish()
+        except BaseException as error:
+            if self.bucket is not None:
+                self.bucket.clear()
+            if sink is not None:
+                sink.abort(error)
+            raise
+        stats.seconds = time.perf_counter() - started
+        return stats
+
+    def _route(self, sink: WeightSink | None, name: str, tensor: torch.Tensor,
+               stats: ExportStats) -> None:
+        if self.tracker is not None:
+            entry = self.tracker.diff(name, tensor)
+            if entry is not None:
+                self._send_delta(sink, entry, stats)
+            return
+        if not self.bucket.add(name, tensor):
+            self._flush(sink, stats)
+            if not self.bucket.add(name, tensor):  # larger than a bucket: send it alone
+                self._deliver(sink, [(name, tensor)], stats)
+
+    def _send_delta(self, sink: WeightSink | None, entry: DeltaEntry, stats: ExportStats) -> None:
+        if not isinstance(sink, DeltaSink):
+            raise TypeError(f"export.delta needs a sink that applies row updates; "
+                            f"{type(sink).__name__} does not (it has no consume_delta)")
+        sink.consume_delta([entry])
+        stats.bytes_sent += entry.nbytes
+        stats.buckets += 1
+
+    def _flush(self, sink: WeightSink | None, stats: ExportStats) -> None:
+        if self.bucket is None or not len(self.bucket):
+            return
+        self._deliver(sink, self.bucket.views(), stats)
+        self.bucket.clear()
+
+    def _deliver(self, sink: WeightSink | None, tensors: list[tuple[str, torch.Tensor]],
+                 stats: ExportStats) -> None:
+        if torch.cuda.is_available():  # copies into the bucket were queued asynchronously
+            torch.cuda.current_stream().synchronize()
+        if sink is not None:
+            sink.consume(tensors)
+        stats.bytes_sent += sum(t.numel() * t.element_size() for _, t in tensors)
+        stats.buckets += 1

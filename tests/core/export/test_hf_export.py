@@ -1,0 +1,63 @@
+"""Export to Hugging Face directories: every preset family, from training and from checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from graft.checkpoint.reader import load_tensors
+from graft.config import ModelConfig
+from graft.models import build_model
+
+PRESETS = ["tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-deepseek-v3", "tiny-deepseek-v4"]
+BATCH = torch.tensor([[1, 70, 83, 84, 93, 4, 69, 70, 71, 30], [1, 21, 22, 15, 23, 33, 40, 41, 42, 43]])
+
+
+def trained_model(run_dir: Path, preset: str) -> torch.nn.Module:
+    """The trainer's weights after the last step, in an unsharded model of the same preset."""
+    model, _ = build_model(ModelConfig(preset=preset))
+    missing, unexpected = model.load_state_dict(load_tensors(run_dir / "checkpoints" / "step_2"),
+                                                strict=False)
+    assert not missing and not unexpected
+    return model.eval()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_two_rank_training_exports_a_loadable_identical_model(run_graft, tmp_path: Path,
+                                                              preset: str) -> None:
+    result = run_graft(["train", "--nproc", "2", f"trainer.run_dir={tmp_path}",
+                        "trainer.total_steps=2", f"model.preset={preset}"])
+    assert result.returncode == 0, result.stderr[-4000:]
+    exported, info = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    reference = trained_model(tmp_path, preset)
+    with torch.no_grad():
+        expected = reference(BATCH, use_cache=False).logits
+        got = exported.eval()(BATCH, use_cache=False).logits
+    assert got.dtype == torch.float32
+    assert torch.equal(got, expected)
+
+
+def test_graft_export_cli_converts_a_checkpoint(run_graft, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = run_graft(["train", f"trainer.run_dir={run}", "trainer.total_steps=2",
+                        "model.preset=tiny-deepseek-v3", "export.hf_at_end=false"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = tmp_path / "hf-bf16"
+    converted = run_graft(["export", "--ckpt", str(run), "--out", str(out), "--dtype", "bf16"])
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    model, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert model.config.dtype == torch.bfloat16
+    assert (out / "tokenizer.json").is_file() and (out / "generation_config.json").is_file()
+    reference = trained_model(run, "tiny-deepseek-v3").to(torch.bfloat16)
+    for name, tensor in reference.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+
+
+def test_export_of_a_missing_checkpoint_is_a_clear_error(run_graft, tmp_path: Path) -> None:
+    result = run_graft(["export", "--ckpt", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    assert result.returncode == 2 and "does not exist" in result.stderr
