@@ -26,9 +26,10 @@ from functools import partial
 import torch
 
 SHAPES_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+             "head_dim": 128,
              "num_key_value_heads": 8, "vocab_size": 128256, "num_hidden_layers": 16,
              "max_position_embeddings": 8192}
-SHAPES_TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+SHAPES_TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16,
                "num_key_value_heads": 2, "vocab_size": 128, "num_hidden_layers": 2,
                "max_position_embeddings": 512}
 

@@ -48,6 +48,15 @@ def plugin_sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return sites
 
 
+@pytest.fixture(scope="session", autouse=True)
+def process_plugins() -> None:
+    """Load this process's plugins before any test puts a plugin site on sys.path, so the
+    process-wide manager holds only what is really installed (tests register theirs)."""
+    from graft.plugins import get_plugin_manager
+
+    get_plugin_manager()
+
+
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Remove the GRAFT_* switches a developer may have set."""

@@ -57,10 +57,8 @@ def test_local_directory_loads_offline(tmp_path: Path) -> None:
 def test_config_overrides_apply_and_unknown_fields_are_errors() -> None:
     model, _ = build_model(ModelConfig(preset="tiny-llama", overrides={"num_hidden_layers": 1}))
     assert model.config.num_hidden_layers == 1
-    # derived fields follow the overridden sizes (head_dim = hidden / heads)
-    wide, _ = build_model(ModelConfig(preset="tiny-llama", overrides={"hidden_size": 128}))
-    assert wide.config.head_dim == 32
-    assert wide.model.layers[0].self_attn.q_proj.weight.shape == (128, 128)
+    wide, _ = build_model(ModelConfig(preset="tiny-llama", overrides={"intermediate_size": 96}))
+    assert wide.model.layers[0].mlp.gate_proj.weight.shape == (96, 64)
     with pytest.raises(ConfigError, match="model.overrides.num_layers.*Did you mean 'num_hidden_layers'"):
         build_model(ModelConfig(preset="tiny-llama", overrides={"num_layers": 1}))
 

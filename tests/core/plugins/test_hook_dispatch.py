@@ -13,7 +13,10 @@ import pytest
 import torch
 
 from graft.checkpoint import LoadContext
+from graft.config import ModelConfig
 from graft.engine.micro_batch import layout_rows
+from graft.export.context import ExportContext
+from graft.models import build_model
 from graft.plugins import GraftPluginManager
 
 
@@ -62,9 +65,14 @@ def test_hook_graft_ckpt_load_mutates_state(manager: GraftPluginManager, tmp_pat
 
 
 def test_hook_graft_export_slots_maps_or_passes(manager: GraftPluginManager) -> None:
+    model, _ = build_model(ModelConfig(preset="tiny-llama"))
+    ctx = ExportContext(model, "llama", model)
     tensor = torch.arange(8.0).reshape(4, 2)
     slots = manager.hook.graft_export_slots(name="layers.0.demo_fused.weight", tensor=tensor,
-                                            ctx=None)
+                                            ctx=ctx)
     assert [name for name, _ in slots] == ["layers.0.demo_a.weight", "layers.0.demo_b.weight"]
     assert torch.equal(slots[1][1], tensor[2:])
-    assert manager.hook.graft_export_slots(name="lm_head.weight", tensor=tensor, ctx=None) is None
+    # the demo plugin passes (None); the core's default handler answers last
+    head = model.lm_head.weight.detach()
+    assert manager.hook.graft_export_slots(name="lm_head.weight", tensor=head, ctx=ctx) == [
+        ("lm_head.weight", head)]

@@ -17,21 +17,39 @@ class Bucket:
                                   and torch.cuda.is_available())
         self.entries: list[tuple[str, torch.dtype, torch.Size, int]] = []
         self.used = 0
+        self._pending: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
 
-    def add(self, name: str, tensor: torch.Tensor) -> bool:
-        """Copy ``tensor`` in; False (nothing copied) when it does not fit."""
+    def add(self, name: str, tensor: torch.Tensor, *, defer: bool = False) -> bool:
+        """Copy ``tensor`` in; False (nothing copied) when it does not fit.
+
+        ``defer=True`` batches the copy with the other deferred ones (one multi-tensor copy at
+        `materialize`); only for tensors that stay alive and unchanged until then (views of
+        parameters), never for temporaries.
+        """
         nbytes = tensor.numel() * tensor.element_size()
         start = -(-self.used // ALIGN) * ALIGN
         if start + nbytes > self.capacity:
             return False
         target = self.buffer[start:start + nbytes].view(tensor.dtype).view(tensor.shape)
-        target.copy_(tensor, non_blocking=True)
+        if defer:
+            self._pending[0].append(target)
+            self._pending[1].append(tensor)
+        else:
+            target.copy_(tensor, non_blocking=True)
         self.entries.append((name, tensor.dtype, tensor.shape, start))
         self.used = start + nbytes
         return True
 
+    def materialize(self) -> None:
+        """Run the deferred copies."""
+        targets, sources = self._pending
+        if targets:
+            torch._foreach_copy_(targets, sources, non_blocking=True)
+        self._pending = ([], [])
+
     def views(self) -> list[tuple[str, torch.Tensor]]:
         """The packed tensors as views of the buffer (valid until the next `clear`)."""
+        self.materialize()
         out = []
         for name, dtype, shape, start in self.entries:
             nbytes = shape.numel() * dtype.itemsize
@@ -42,6 +60,7 @@ class Bucket:
         """Forget the contents; the buffer is reused."""
         self.entries.clear()
         self.used = 0
+        self._pending = ([], [])
 
     def __len__(self) -> int:
         return len(self.entries)

@@ -8,6 +8,7 @@ layouts (expert-parallel blocks, packed formats) through ``graft_export_slots``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,12 +28,19 @@ def transformers_layout(name: str, tensor: torch.Tensor, ctx: ExportContext) -> 
     return list(revert_weight_conversion(ctx.skeleton or ctx.model, {name: tensor}).items())
 
 
+_SKELETONS: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module] = (
+    weakref.WeakKeyDictionary())
+
+
 def meta_skeleton(model: torch.nn.Module) -> torch.nn.Module:
-    """An unsharded copy of ``model``'s architecture on the meta device (no memory)."""
+    """An unsharded copy of ``model``'s architecture on the meta device (no memory), built once
+    per model."""
     from transformers import AutoModelForCausalLM
 
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(model.config)
+    if model not in _SKELETONS:
+        with torch.device("meta"):
+            _SKELETONS[model] = AutoModelForCausalLM.from_config(model.config)
+    return _SKELETONS[model]
 
 
 def export_slots(name: str, tensor: torch.Tensor, ctx: ExportContext) -> Pairs:
@@ -43,6 +51,12 @@ def export_slots(name: str, tensor: torch.Tensor, ctx: ExportContext) -> Pairs:
 _SLOTS: dict[tuple[Any, ...], list[tuple[str, tuple[int, ...]]]] = {}
 
 
+def handler_plugins() -> tuple[str, ...]:
+    """The plugins implementing ``graft_export_slots`` now (part of every cache key)."""
+    hook = get_plugin_manager().hook.graft_export_slots
+    return tuple(impl.plugin_name for impl in hook.get_hookimpls())
+
+
 def enumerate_hf_slots(name: str, shape: tuple[int, ...], dtype: torch.dtype, ctx: ExportContext,
                        handler: Handler = export_slots) -> list[tuple[str, tuple[int, ...]]]:
     """``(hf_name, shape)`` of every entry ``handler`` makes from a parameter, in its order.
@@ -50,11 +64,30 @@ def enumerate_hf_slots(name: str, shape: tuple[int, ...], dtype: torch.dtype, ct
     Runs the handler on a meta tensor of the parameter's shape (no memory, no data), cached per
     (handler, model type, name, shape, dtype, expert offset).
     """
-    key = (handler, ctx.model_type, name, tuple(shape), dtype, ctx.expert_offset)
+    key = (handler_plugins(), handler, ctx.model_type, name, tuple(shape), dtype,
+           ctx.expert_offset)
     if key not in _SLOTS:
         dummy = torch.empty(tuple(shape), dtype=dtype, device="meta")
         _SLOTS[key] = [(hf_name, tuple(t.shape)) for hf_name, t in handler(name, dummy, ctx)]
     return list(_SLOTS[key])
+
+
+_PASSTHROUGH: dict[tuple[Any, ...], bool] = {}
+
+
+def passes_through(name: str, shape: tuple[int, ...], dtype: torch.dtype,
+                   ctx: ExportContext) -> bool:
+    """True when the handlers return a parameter unchanged (same name, the very same tensor).
+
+    Probed once per (model type, name, shape, dtype) on a meta tensor; such parameters skip
+    the handler call on real data, which keeps per-tensor overhead off the export's hot path.
+    """
+    key = (handler_plugins(), ctx.model_type, name, tuple(shape), dtype, ctx.expert_offset)
+    if key not in _PASSTHROUGH:
+        dummy = torch.empty(tuple(shape), dtype=dtype, device="meta")
+        out = export_slots(name, dummy, ctx)
+        _PASSTHROUGH[key] = len(out) == 1 and out[0][0] == name and out[0][1] is dummy
+    return _PASSTHROUGH[key]
 
 
 def exported_entries(model: torch.nn.Module) -> list[tuple[str, Any]]:

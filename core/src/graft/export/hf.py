@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from graft.export.context import ExportContext
-from graft.export.handlers import export_slots
+from graft.export.handlers import export_slots, meta_skeleton
 from graft.export.sinks.hf_dir import HFDirectorySink
 from graft.export.stream import ExportStats, WeightExporter, default_bucket_bytes, resolve_dtype
 
@@ -24,6 +24,7 @@ def export_model_to_hf(model: torch.nn.Module, out_dir: Path, *, export_cfg: Any
     if is_main:
         trained = next(model.parameters()).dtype
         sink = HFDirectorySink(out_dir, config=model.config, dtype=dtype or trained,
+                               architecture=type(meta_skeleton(model)).__name__,
                                generation_config=getattr(model, "generation_config", None),
                                tokenizer=tokenizer)
     return exporter.export(sink)
@@ -41,7 +42,7 @@ def export_checkpoint_to_hf(ckpt: Path, out_dir: Path, *, dtype_name: str) -> in
     tensors = load_tensors(ckpt)
     dtype = resolve_dtype(dtype_name, skeleton)
     ctx = ExportContext(skeleton, skeleton.config.model_type, skeleton, dtype)
-    sink = HFDirectorySink(out_dir, config=skeleton.config,
+    sink = HFDirectorySink(out_dir, config=skeleton.config, architecture=type(skeleton).__name__,
                            dtype=dtype or next(iter(tensors.values())).dtype,
                            generation_config=getattr(skeleton, "generation_config", None),
                            tokenizer=load_tokenizer(cfg.data.tokenizer, cfg.model.path))

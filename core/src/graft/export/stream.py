@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from graft.export.bucket import Bucket
+from graft.export.bucket import ALIGN, Bucket
 from graft.export.context import ExportContext
 from graft.export.delta import DeltaTracker
-from graft.export.handlers import export_slots, exported_entries, meta_skeleton
+from graft.export.handlers import export_slots, exported_entries, meta_skeleton, passes_through
 from graft.export.sinks.base import DeltaEntry, DeltaSink, WeightSink
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -55,10 +56,33 @@ class ExportStats:
         return self.bytes_total / max(self.seconds, 1e-9) / 1e9
 
 
-def gather_full(value: torch.Tensor) -> torch.Tensor:
-    """The whole tensor from its shards (a collective for DTensors: call on every rank)."""
-    full = value.full_tensor() if hasattr(value, "full_tensor") else value
-    return full.detach()
+def gather_full(value: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """The whole tensor from its shards, and whether it is a view of the live parameter.
+
+    A collective for DTensors sharded over several ranks (call it on every rank); on a one-rank
+    mesh the local shard already is the whole tensor.
+    """
+    if not hasattr(value, "full_tensor"):
+        return value.detach(), True
+    if value.device_mesh.size() == 1:
+        return value.to_local().detach(), True
+    return value.full_tensor().detach(), False
+
+
+def _entries(model: torch.nn.Module, dtype: torch.dtype | None,
+             is_main: bool) -> Iterator[tuple[str, torch.Tensor, bool]]:
+    ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype)
+    for name, value in exported_entries(model):
+        full, is_view = gather_full(value)
+        if not is_main:
+            continue
+        if dtype is not None and full.is_floating_point() and full.dtype != dtype:
+            full, is_view = full.to(dtype), False
+        if passes_through(name, tuple(full.shape), full.dtype, ctx):
+            yield name, full, is_view
+        else:
+            for hf_name, tensor in export_slots(name, full, ctx):
+                yield hf_name, tensor, is_view
 
 
 def hf_tensors(model: torch.nn.Module, *, dtype: torch.dtype | None,
@@ -66,16 +90,20 @@ def hf_tensors(model: torch.nn.Module, *, dtype: torch.dtype | None,
     """Every exported tensor as ``(hf_name, tensor)``, gathered one parameter at a time.
 
     The Python iterator for library users. Under several ranks every rank must exhaust it (it
-    gathers collectively); only ``is_main`` ranks get tensors.
+    gathers collectively); only ``is_main`` ranks get tensors. Tensors may be views of the
+    model's parameters: copy what you keep across training steps.
     """
-    ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype)
-    for name, value in exported_entries(model):
-        full = gather_full(value)
-        if not is_main:
-            continue
-        if dtype is not None and full.is_floating_point():
-            full = full.to(dtype)
-        yield from export_slots(name, full, ctx)
+    for hf_name, tensor, _ in _entries(model, dtype, is_main):
+        yield hf_name, tensor
+
+
+@dataclass
+class _CopyPlan:
+    """A full export that is nothing but copies, laid out once: for each bucket, the exported
+    tensors (name, live tensor) and their destination views in the bucket."""
+
+    buckets: list[list[tuple[str, Any, torch.Tensor]]]
+    total_bytes: int
 
 
 class WeightExporter:
@@ -89,18 +117,24 @@ class WeightExporter:
         self.tracker = DeltaTracker() if delta else None
         device = bucket_device or next(model.parameters()).device
         self.bucket = Bucket(bucket_bytes, device, pin=True) if is_main else None
+        self._copy_plan: _CopyPlan | None = None
+        self._planned = False
 
     def export(self, sink: WeightSink | None) -> ExportStats:
         """One full or delta export into ``sink`` (None on ranks that only help gather)."""
+        if not self._planned:
+            self._copy_plan, self._planned = self._plan_copies(), True
+        if self._copy_plan is not None:
+            return self._export_copies(self._copy_plan, sink)
         stats = ExportStats(delta=self.tracker is not None and bool(self.tracker.snapshot))
         started = time.perf_counter()
         if sink is not None:
             sink.begin()
         try:
-            for hf_name, tensor in hf_tensors(self.model, dtype=self.dtype, is_main=self.is_main):
+            for hf_name, tensor, is_view in _entries(self.model, self.dtype, self.is_main):
                 stats.tensors += 1
                 stats.bytes_total += tensor.numel() * tensor.element_size()
-                self._route(sink, hf_name, tensor, stats)
+                self._route(sink, hf_name, tensor, is_view, stats)
             self._flush(sink, stats)
             if sink is not None:
                 sink.finish()
@@ -113,16 +147,73 @@ class WeightExporter:
         stats.seconds = time.perf_counter() - started
         return stats
 
-    def _route(self, sink: WeightSink | None, name: str, tensor: torch.Tensor,
+    def _plan_copies(self) -> _CopyPlan | None:
+        """The bucket layout when every tensor is exported as is (a one-rank or unsharded
+        model, handlers passing through, no dtype change, no delta); None otherwise.
+
+        Such exports skip per-tensor Python work: one multi-tensor copy per bucket.
+        """
+        if self.tracker is not None or self.bucket is None:
+            return None
+        ctx = ExportContext(self.model, self.model.config.model_type, meta_skeleton(self.model),
+                            self.dtype)
+        planned, current, used, total = [], [], 0, 0
+        for name, value in exported_entries(self.model):
+            sharded = hasattr(value, "full_tensor") and value.device_mesh.size() > 1
+            if sharded or (self.dtype is not None and value.dtype != self.dtype):
+                return None
+            shape = tuple(value.shape)
+            if not passes_through(name, shape, value.dtype, ctx):
+                return None
+            nbytes = value.numel() * value.element_size()
+            start = -(-used // ALIGN) * ALIGN
+            if start + nbytes > self.bucket.capacity:
+                if nbytes > self.bucket.capacity:
+                    return None
+                planned.append(current)
+                current, start = [], 0
+            view = self.bucket.buffer[start:start + nbytes].view(value.dtype).view(shape)
+            current.append((name, value, view))
+            used, total = start + nbytes, total + nbytes
+        planned.append(current)
+        return _CopyPlan([b for b in planned if b], total)
+
+    def _export_copies(self, plan: _CopyPlan, sink: WeightSink | None) -> ExportStats:
+        started = time.perf_counter()
+        stats = ExportStats(bytes_total=plan.total_bytes)
+        on_host = self.bucket.buffer.device.type == "cpu"
+        if sink is not None:
+            sink.begin()
+        try:
+            for bucket in plan.buckets:
+                sources = [gather_full(value)[0] for _, value, _ in bucket]
+                torch._foreach_copy_([view for _, _, view in bucket], sources, non_blocking=True)
+                if on_host and torch.cuda.is_available():
+                    torch.cuda.current_stream().synchronize()
+                if sink is not None:
+                    sink.consume([(name, view) for name, _, view in bucket])
+                stats.tensors += len(bucket)
+                stats.buckets += 1
+            if sink is not None:
+                sink.finish()
+        except BaseException as error:
+            if sink is not None:
+                sink.abort(error)
+            raise
+        stats.bytes_sent = plan.total_bytes
+        stats.seconds = time.perf_counter() - started
+        return stats
+
+    def _route(self, sink: WeightSink | None, name: str, tensor: torch.Tensor, is_view: bool,
                stats: ExportStats) -> None:
         if self.tracker is not None:
             entry = self.tracker.diff(name, tensor)
             if entry is not None:
                 self._send_delta(sink, entry, stats)
             return
-        if not self.bucket.add(name, tensor):
+        if not self.bucket.add(name, tensor, defer=is_view):
             self._flush(sink, stats)
-            if not self.bucket.add(name, tensor):  # larger than a bucket: send it alone
+            if not self.bucket.add(name, tensor, defer=is_view):  # larger than a bucket
                 self._deliver(sink, [(name, tensor)], stats)
 
     def _send_delta(self, sink: WeightSink | None, entry: DeltaEntry, stats: ExportStats) -> None:
@@ -141,8 +232,8 @@ class WeightExporter:
 
     def _deliver(self, sink: WeightSink | None, tensors: list[tuple[str, torch.Tensor]],
                  stats: ExportStats) -> None:
-        if torch.cuda.is_available():  # copies into the bucket were queued asynchronously
-            torch.cuda.current_stream().synchronize()
+        if self.bucket.buffer.device.type == "cpu" and torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()  # queued device-to-host copies
         if sink is not None:
             sink.consume(tensors)
         stats.bytes_sent += sum(t.numel() * t.element_size() for _, t in tensors)

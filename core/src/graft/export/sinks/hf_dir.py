@@ -27,11 +27,12 @@ INDEX = "model.safetensors.index.json"
 class HFDirectorySink:
     """Writes an export to ``out_dir`` (replaced atomically)."""
 
-    def __init__(self, out_dir: str | Path, *, config: Any, dtype: torch.dtype | None = None,
-                 generation_config: Any = None, tokenizer: Any = None,
-                 max_shard_bytes: int = 5 << 30) -> None:
+    def __init__(self, out_dir: str | Path, *, config: Any, architecture: str | None = None,
+                 dtype: torch.dtype | None = None, generation_config: Any = None,
+                 tokenizer: Any = None, max_shard_bytes: int = 5 << 30) -> None:
         self.out_dir = Path(out_dir)
         self.config = config
+        self.architecture = architecture
         self.dtype = dtype
         self.generation_config = generation_config
         self.tokenizer = tokenizer
@@ -91,6 +92,8 @@ class HFDirectorySink:
     def _write_configs(self) -> None:
         config = copy.deepcopy(self.config)
         config.use_cache = True  # trained with the cache off; inference wants it
+        if self.architecture and not getattr(config, "architectures", None):
+            config.architectures = [self.architecture]  # what vLLM picks its model class by
         if self.dtype is not None:
             config.dtype = str(self.dtype).removeprefix("torch.")
         config.save_pretrained(self._tmp)

