@@ -72,7 +72,7 @@ def main() -> None:
     shapes = SHAPES_TINY if args.tiny else SHAPES_1B
     device = "cpu" if args.tiny else "cuda"
     env = init_distributed(device_preference=device)
-    overrides = ["model.preset=tiny-llama", f"engine.device={device}",
+    overrides = ["model.preset=tiny-llama", f"engine.device={device}", "trainer.mode=sft",
                  f"trainer.run_dir={args.dir}", "checkpoint.keep_last=1"]
     overrides += [f"+model.overrides.{k}={v}" for k, v in shapes.items()]
     cfg = compose(overrides)

@@ -54,7 +54,7 @@ def run(stream: list[list[TokenSample]], *, bucket: int | None, budget: int) -> 
     torch._dynamo.reset()
     dynamo_utils.compilation_time_metrics.clear()
     dynamo_utils.counters.clear()
-    overrides = ["model.preset=tiny-llama", "engine.device=cpu",
+    overrides = ["model.preset=tiny-llama", "engine.device=cpu", "trainer.mode=sft",
                  f"engine.max_tokens_per_micro_batch={budget}"]
     if bucket:
         overrides += ["engine.pad_to_length=true", f"engine.pad_to_length_bucket={bucket}"]

@@ -93,7 +93,7 @@ def graft_engine(shapes: dict, tokens: int, checkpointing: bool, compile_blocks:
     from graft.training.sft import sft_loss
     from graft.training.trainer import build_engine
 
-    overrides = ["model.preset=tiny-llama", f"engine.device={device.type}",
+    overrides = ["model.preset=tiny-llama", f"engine.device={device.type}", "trainer.mode=sft",
                  f"engine.activation_checkpointing={str(checkpointing).lower()}",
                  f"engine.compile={str(compile_blocks).lower()}",
                  f"engine.max_tokens_per_micro_batch={tokens}", "optim.lr=1e-5",

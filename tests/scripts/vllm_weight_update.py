@@ -43,6 +43,7 @@ def main(out: str, preset: str, delta: bool) -> None:
     with TemporaryDirectory() as run:
         cfg = compose([f"trainer.run_dir={run}", "trainer.total_steps=1", f"model.preset={preset}",
                        "engine.device=cpu", "optim.lr=0.01", "checkpoint.every_steps=0",
+                       "trainer.mode=sft",
                        "export.hf_at_end=false"])
         trainer = Trainer(cfg)
         trainer.export_hf(Path(run) / "initial")

@@ -118,6 +118,55 @@ def graft_prepare_inputs(batch: dict[str, Any], pad_size: int, layout: Any, cfg:
 
 
 # --------------------------------------------------------------------------------------------
+# Rollout (RL): generation, and what plugins record during it.
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec
+def graft_reward_functions() -> dict[str, Any]:
+    """Declare reward functions, selectable with ``algorithm.reward=<name>``.
+
+    When: once per process, when the config is validated and when an RL run starts. Who:
+    plugins adding a reward (a verifier, a reward model call); every rank.
+
+    Return ``{name: fn}``; ``fn(response_text, sample)`` gets the decoded response (without
+    special tokens) and the `graft.data.tasks.TextSample` it answers (``prompt``, ``response``,
+    ``answer``) and returns a float. Two providers of one name is an error. Must not mutate
+    anything. Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_rollout_begin(engine: str, model: Any, cfg: Any) -> None:
+    """Generation of one RL step is about to start.
+
+    When: every step, before the rollout engine generates; on every rank. ``engine`` is
+    ``rollout.engine`` (``embedded`` or ``vllm``); ``model`` is the model that will generate for
+    the embedded engine (the trainer's own), None for an external engine; ``cfg`` the root config.
+
+    May mutate ``model`` by registering hooks that record per-token decisions during generation
+    (routing replay records each router's top-k here) and must remove them in
+    ``graft_rollout_end``. Return value ignored. Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_rollout_end(samples: list[Any], engine: str, cfg: Any) -> None:
+    """Generation of one RL step finished; attach what was recorded to the samples.
+
+    When: every step, right after generation, before rewards and the update; on every rank, with
+    that rank's samples (`graft.rollout.RolloutSample`: ``prompt_ids``, ``response_ids``,
+    ``logprobs``, ``extras``).
+
+    May mutate ``samples``: put per-token tensors in ``sample.extras[name]``, one row per token
+    of prompt + response (shape ``(len(prompt_ids) + len(response_ids), ...)``); the core packs
+    them into every training micro-batch under ``name`` (pad rows are zeros) where
+    ``graft_prepare_inputs`` and the forward can use them. Must remove hooks installed in
+    ``graft_rollout_begin``. Not ``firstresult``.
+    """
+
+
+# --------------------------------------------------------------------------------------------
 # Step: once per optimizer step.
 # --------------------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from graft.training.trainer import Trainer
 def trainer(run_dir: Path, steps: int, *overrides: str) -> Trainer:
     cfg = compose([f"trainer.run_dir={run_dir}", f"trainer.total_steps={steps}",
                    "model.preset=tiny-llama", "engine.device=cpu", "checkpoint.every_steps=2",
+                   "trainer.mode=sft",
                    *overrides])
     return Trainer(cfg)
 

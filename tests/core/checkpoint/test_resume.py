@@ -13,7 +13,10 @@ from graft.checkpoint.reader import load_tensors
 from graft.config import ModelConfig
 from graft.models import build_model
 
-MOE = ("model.preset=tiny-qwen3-moe", "checkpoint.every_steps=3")
+# RL (the default mode) on the tiny MoE, small rollouts: resuming must also restore sampling.
+MOE = ("model.preset=tiny-qwen3-moe", "checkpoint.every_steps=3", "rollout.prompts_per_step=4",
+       "rollout.n=4")
+SFT = ("trainer.mode=sft", "model.preset=tiny-llama")
 
 
 def train(run_graft, run_dir: Path, steps: int, *args: str, nproc: int = 1):
@@ -63,9 +66,9 @@ def test_resume_with_another_world_size_reshards(run_graft, tmp_path: Path, firs
 
 
 def test_changed_model_shape_is_a_clear_error(run_graft, tmp_path: Path) -> None:
-    train(run_graft, tmp_path, 3, "model.preset=tiny-llama")
-    result = run_graft(["train", f"trainer.run_dir={tmp_path}", "trainer.total_steps=4",
-                        "model.preset=tiny-llama", "+model.overrides.num_attention_heads=2"])
+    train(run_graft, tmp_path, 3, *SFT)
+    result = run_graft(["train", f"trainer.run_dir={tmp_path}", "trainer.total_steps=4", *SFT,
+                        "+model.overrides.num_attention_heads=2"])
     assert result.returncode == 2
     assert re.search(r"parameter 'model\.layers\.0\.self_attn\.[kq]_proj\.weight' has shape "
                      r"\(\d+, 64\) there but \(64, 64\) in this model", result.stderr)
@@ -74,7 +77,7 @@ def test_changed_model_shape_is_a_clear_error(run_graft, tmp_path: Path) -> None
 
 def test_async_save_resumes_exactly(run_graft, tmp_path: Path) -> None:
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    args = ("model.preset=tiny-llama", "checkpoint.every_steps=2", "checkpoint.async_save=true")
+    args = (*SFT, "checkpoint.every_steps=2", "checkpoint.async_save=true")
     train(run_graft, straight, 4, *args)
     train(run_graft, resumed, 2, *args)
     train(run_graft, resumed, 4, *args)
@@ -82,7 +85,7 @@ def test_async_save_resumes_exactly(run_graft, tmp_path: Path) -> None:
 
 
 def test_ckpt_inspect_and_verify(run_graft, tmp_path: Path) -> None:
-    train(run_graft, tmp_path, 2, "model.preset=tiny-llama")
+    train(run_graft, tmp_path, 2, *SFT)
     inspect = run_graft(["ckpt", "inspect", str(tmp_path), "--json"])
     summary = json.loads(inspect.stdout)
     assert (summary["step"], summary["world_size"]) == (2, 1)

@@ -31,7 +31,7 @@ def bare() -> GraftPluginManager:
 
 def test_defaults_compose_to_dataclasses(bare: GraftPluginManager) -> None:
     cfg = compose(manager=bare)
-    assert cfg.trainer.mode == "sft"
+    assert cfg.trainer.mode == "rl"
     assert cfg.engine.pad_to_length_bucket == 1024
     assert type(cfg.trainer).__name__ == "TrainerConfig"
 
@@ -88,7 +88,7 @@ def test_wrong_type_names_key_expected_type_and_value(bare: GraftPluginManager) 
 
 
 def test_value_outside_choices_lists_valid_values(bare: GraftPluginManager) -> None:
-    with pytest.raises(ConfigError, match="'trainer.mode' is 'ppo'; valid values: sft, rl"):
+    with pytest.raises(ConfigError, match="'trainer.mode' is 'ppo'; valid values: rl, sft"):
         compose(["trainer.mode=ppo"], manager=bare)
 
 

@@ -10,7 +10,7 @@ import pytest
 from graft.config import DataConfig
 from graft.data.dataset import load_text_samples, tokenize_sft
 from graft.data.sampler import EpochSampler
-from graft.data.tasks import TASKS, exact_match_reward, generate_samples
+from graft.data.tasks import TASKS, generate_samples
 from graft.data.tokenizer import builtin_tokenizer
 from graft.errors import DataError
 
@@ -27,7 +27,7 @@ def test_builtin_tokenizer_round_trips_text() -> None:
 def test_tasks_are_seeded_and_rewarded(task: str) -> None:
     samples = generate_samples(task, 20, seed=4)
     assert samples == generate_samples(task, 20, seed=4)
-    assert all(exact_match_reward(s.response, s.answer) == 1.0 for s in samples)
+    assert all(TASKS[task].reward(s.response, s) == 1.0 for s in samples)
 
 
 def test_sft_tokenization_marks_the_response() -> None:

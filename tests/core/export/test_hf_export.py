@@ -28,7 +28,7 @@ def trained_model(run_dir: Path, preset: str) -> torch.nn.Module:
 @pytest.mark.parametrize("preset", PRESETS)
 def test_two_rank_training_exports_a_loadable_identical_model(run_graft, tmp_path: Path,
                                                               preset: str) -> None:
-    result = run_graft(["train", "--nproc", "2", f"trainer.run_dir={tmp_path}",
+    result = run_graft(["train", "--nproc", "2", f"trainer.run_dir={tmp_path}", "trainer.mode=sft",
                         "trainer.total_steps=2", f"model.preset={preset}"])
     assert result.returncode == 0, result.stderr[-4000:]
     exported, info = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", output_loading_info=True)
@@ -44,7 +44,8 @@ def test_two_rank_training_exports_a_loadable_identical_model(run_graft, tmp_pat
 def test_graft_export_cli_converts_a_checkpoint(run_graft, tmp_path: Path) -> None:
     run = tmp_path / "run"
     result = run_graft(["train", f"trainer.run_dir={run}", "trainer.total_steps=2",
-                        "model.preset=tiny-deepseek-v3", "export.hf_at_end=false"])
+                        "trainer.mode=sft", "model.preset=tiny-deepseek-v3",
+                        "export.hf_at_end=false"])
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "hf-bf16"
     converted = run_graft(["export", "--ckpt", str(run), "--out", str(out), "--dtype", "bf16"])

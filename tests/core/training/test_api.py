@@ -9,7 +9,7 @@ import graft
 
 def test_train_from_python(tmp_path: Path) -> None:
     cfg = graft.compose([f"trainer.run_dir={tmp_path}", "trainer.total_steps=3",
-                         "model.preset=tiny-llama", "engine.device=cpu"])
+                         "model.preset=tiny-llama", "engine.device=cpu", "trainer.mode=sft"])
     history = graft.train(cfg)
     assert [row["step"] for row in history] == [1, 2, 3]
     assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "config.yaml").exists()

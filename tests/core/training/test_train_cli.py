@@ -24,19 +24,19 @@ def train(run_graft, run_dir: Path, *args: str, nproc: int = 1):
 def test_default_sft_run_learns_and_writes_the_run_layout(run_graft, tmp_path: Path) -> None:
     result = train(run_graft, tmp_path / "run", "trainer.mode=sft")
     rows = metrics(tmp_path / "run")
-    assert [r["step"] for r in rows] == list(range(1, 31))
+    assert [r["step"] for r in rows] == list(range(1, 201))
     for key in ("loss", "grad_norm", "tokens_per_s", "peak_memory_gib", "lr"):
         assert key in rows[0]
     assert rows[-1]["loss"] < 0.7 * rows[0]["loss"]
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert saved["trainer"]["mode"] == "sft" and saved["trainer"]["total_steps"] == 30
+    assert saved["trainer"]["mode"] == "sft" and saved["trainer"]["total_steps"] == 200
     assert "summary" in result.stdout
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3-moe"])
 def test_two_gloo_ranks_follow_the_one_rank_trajectory(run_graft, tmp_path: Path,
                                                        preset: str) -> None:
-    common = (f"model.preset={preset}", "trainer.total_steps=4")
+    common = (f"model.preset={preset}", "trainer.total_steps=4", "trainer.mode=sft")
     train(run_graft, tmp_path / "one", *common)
     train(run_graft, tmp_path / "two", *common, nproc=2)
     one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
@@ -51,7 +51,8 @@ def test_file_dataset_and_pad_to_length(run_graft, tmp_path: Path) -> None:
     data.write_text("".join(json.dumps({"question": f"{i}+{i}=", "answer": str(2 * i)}) + "\n"
                             for i in range(40)))
     train(run_graft, tmp_path / "run", "data.source=file", f"data.path={data}",
-          "data.prompt_key=question", "data.response_key=answer", "trainer.total_steps=3",
+          "trainer.mode=sft", "data.prompt_key=question", "data.response_key=answer",
+          "trainer.total_steps=3",
           "engine.pad_to_length=true", "engine.pad_to_length_bucket=64",
           "model.preset=tiny-llama")
     assert len(metrics(tmp_path / "run")) == 3
@@ -64,7 +65,7 @@ def test_parquet_dataset(run_graft, tmp_path: Path) -> None:
     data = tmp_path / "train.parquet"
     pq.write_table(pa.table({"prompt": ["a=", "b="] * 8, "response": ["1", "2"] * 8}), data)
     train(run_graft, tmp_path / "run", "data.source=file", f"data.path={data}",
-          "trainer.total_steps=2", "model.preset=tiny-llama")
+          "trainer.mode=sft", "trainer.total_steps=2", "model.preset=tiny-llama")
     assert len(metrics(tmp_path / "run")) == 2
 
 
@@ -79,7 +80,7 @@ def test_parquet_dataset(run_graft, tmp_path: Path) -> None:
 ])
 def test_bad_input_is_a_clear_error(run_graft, tmp_path: Path, args: list[str],
                                     message: str) -> None:
-    result = run_graft(["train", f"trainer.run_dir={tmp_path / 'run'}", *args])
+    result = run_graft(["train", f"trainer.run_dir={tmp_path / 'run'}", "trainer.mode=sft", *args])
     assert result.returncode == 2, result.stderr[-3000:]
     assert message in result.stderr and "Traceback" not in result.stderr
 
@@ -87,7 +88,7 @@ def test_bad_input_is_a_clear_error(run_graft, tmp_path: Path, args: list[str],
 def test_malformed_jsonl_line_is_named(run_graft, tmp_path: Path) -> None:
     data = tmp_path / "bad.jsonl"
     data.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "c", "response": \n')
-    result = run_graft(["train", "data.source=file", f"data.path={data}",
+    result = run_graft(["train", "trainer.mode=sft", "data.source=file", f"data.path={data}",
                         f"trainer.run_dir={tmp_path / 'run'}"])
     assert result.returncode == 2
     assert f"{data}, line 2: not valid JSON" in result.stderr

@@ -29,7 +29,8 @@ def demo(plugin_sites: dict[str, Path], monkeypatch: pytest.MonkeyPatch, graft_p
 
 def run(tmp_path: Path, *overrides: str, steps: int = 2) -> Trainer:
     cfg = compose([f"trainer.run_dir={tmp_path}", f"trainer.total_steps={steps}",
-                   "model.preset=tiny-llama", "engine.device=cpu", *overrides])
+                   "model.preset=tiny-llama", "engine.device=cpu", "trainer.mode=sft",
+                   *overrides])
     trainer = Trainer(cfg)
     trainer.fit()
     return trainer

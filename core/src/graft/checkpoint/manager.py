@@ -73,7 +73,7 @@ class CheckpointManager:
     def should_save(self, step: int, total_steps: int) -> bool:
         """Every ``every_steps`` steps and after the last one."""
         every = self.cfg.every_steps
-        return step == total_steps or (every > 0 and step % every == 0)
+        return (step == total_steps and self.cfg.save_at_end) or (every > 0 and step % every == 0)
 
     def save(self, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              trainer_state: dict[str, Any], config_yaml: str) -> None:

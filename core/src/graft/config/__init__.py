@@ -2,6 +2,7 @@
 
 from graft.config.compose import compose, schema_config, to_yaml
 from graft.config.schema import (
+    AlgorithmConfig,
     CheckpointConfig,
     DataConfig,
     EngineConfig,
@@ -16,6 +17,7 @@ from graft.config.schema import (
 )
 
 __all__ = [
+    "AlgorithmConfig",
     "CheckpointConfig",
     "DataConfig",
     "EngineConfig",

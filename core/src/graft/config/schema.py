@@ -44,6 +44,12 @@ def _loss_agg_modes(manager: Any) -> Sequence[str]:
     return loss_agg_mode_names(manager)
 
 
+def _rewards(manager: Any) -> Sequence[str]:
+    from graft.rl.rewards import reward_names
+
+    return ["auto", *reward_names(manager)]
+
+
 @dataclass
 class ModelConfig:
     """Which model to train. ``path`` (a local Hugging Face directory) wins over ``preset``."""
@@ -67,8 +73,8 @@ class ModelConfig:
 class DataConfig:
     """Training data: a built-in synthetic task, or a JSONL / Parquet file."""
 
-    # A built-in task name, or "file" to read `path`.
-    source: str = "copy"
+    # A built-in task name (copy, reverse, add, pattern), or "file" to read `path`.
+    source: str = "pattern"
     # JSONL (.jsonl) or Parquet (.parquet) file with one sample per row (source=file).
     path: str | None = None
     prompt_key: str = "prompt"
@@ -89,8 +95,9 @@ class DataConfig:
 class TrainerConfig:
     """The run: mode, length, seed, where outputs go."""
 
-    mode: str = choice("sft", ("sft", "rl"))
-    total_steps: int = 30
+    # rl: generate, score, update, push weights to the generator, repeat. sft: supervised.
+    mode: str = choice("rl", ("rl", "sft"))
+    total_steps: int = 200
     # Output directory; null = runs/<timestamp>. Rerunning with the same run_dir resumes.
     run_dir: str | None = None
     seed: int = 0
@@ -150,7 +157,6 @@ class LossConfig:
     clip_ratio_c: float | None = 3.0
     # Constant divisor of seq-mean-token-sum-norm; null = the padded response length.
     loss_scale_factor: float | None = None
-    entropy_coef: float = 0.0
     # KL-to-reference penalty coefficient (RL); 0 disables the reference model.
     kl_coef: float = 0.0
     kl_type: str = choice("low_var_kl", ("low_var_kl", "kl", "mse"))
@@ -160,8 +166,9 @@ class LossConfig:
 class CheckpointConfig:
     """Distributed checkpoints under <run_dir>/checkpoints."""
 
-    # Save every N steps (and at the end); 0 saves only at the end.
+    # Save every N steps; 0 saves only at the end (when save_at_end).
     every_steps: int = 10
+    save_at_end: bool = True
     keep_last: int = 2
     # auto = resume from <run_dir>/checkpoints/latest if present; never; or a checkpoint path.
     resume: str = "auto"
@@ -186,13 +193,32 @@ class ExportConfig:
 class RolloutConfig:
     """Generation for RL."""
 
-    engine: str = "embedded"
-    # Samples per prompt.
-    n: int = 4
-    prompts_per_step: int = 8
+    # embedded: the trainer's own model (batched HF generation with a KV cache); vllm: a vLLM
+    # engine whose weights are updated from the trainer after every step.
+    engine: str = choice("embedded", ("embedded", "vllm"))
+    # Samples per prompt (the group of GRPO / RLOO).
+    n: int = 8
+    prompts_per_step: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    max_new_tokens: int = 16
+    max_new_tokens: int = 8
+    # vLLM only: fraction of GPU memory for weights and KV cache; context length.
+    gpu_memory_utilization: float = 0.3
+    max_model_len: int = 1024
+
+
+@dataclass
+class AlgorithmConfig:
+    """RL: rewards, advantages, update schedule."""
+
+    # auto = the synthetic task's own reward, exact_match for a dataset; or a registered name.
+    reward: str = choice("auto", _rewards)
+    advantage: str = choice("grpo", ("grpo", "rloo"))
+    # GRPO: divide by the group's reward std (false = Dr. GRPO).
+    norm_adv_by_std: bool = True
+    # Passes over the rollout batch, and mini-batches (optimizer steps) per pass.
+    ppo_epochs: int = 1
+    mini_batches: int = 1
 
 
 @dataclass
@@ -208,3 +234,4 @@ class GraftConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)

@@ -43,25 +43,42 @@ def add_task(rng: random.Random) -> TextSample:
 
 
 def pattern_task(rng: random.Random) -> TextSample:
-    """Continue with a fixed pattern after any prompt; the easiest task for an RL smoke run."""
-    return TextSample(f"say {_letters(rng, 1, 3)}:", "abab", "abab")
+    """Answer any prompt with a fixed pattern: what a random-init tiny model learns by RL."""
+    return TextSample(f"say {_letters(rng, 1, 3)}:", "abababab", "abababab")
 
 
-TASKS: dict[str, Callable[[random.Random], TextSample]] = {
-    "copy": copy_task,
-    "reverse": reverse_task,
-    "add": add_task,
-    "pattern": pattern_task,
-}
-
-
-def exact_match_reward(response: str, answer: str) -> float:
+def exact_match_reward(response: str, sample: TextSample) -> float:
     """1.0 when the response (whitespace-trimmed) equals the answer, else 0.0."""
-    return 1.0 if response.strip() == answer.strip() else 0.0
+    return 1.0 if response.strip() == sample.answer.strip() else 0.0
+
+
+def positional_match_reward(response: str, sample: TextSample) -> float:
+    """The fraction of the answer's characters the response has at the same position.
+
+    Partial credit, so a policy that starts from random text still sees a signal.
+    """
+    answer = sample.answer
+    return sum(a == b for a, b in zip(response, answer, strict=False)) / max(len(answer), 1)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A synthetic task: how to make a sample, and its default reward."""
+
+    make: Callable[[random.Random], TextSample]
+    reward: Callable[[str, TextSample], float]
+
+
+TASKS: dict[str, Task] = {
+    "copy": Task(copy_task, exact_match_reward),
+    "reverse": Task(reverse_task, exact_match_reward),
+    "add": Task(add_task, exact_match_reward),
+    "pattern": Task(pattern_task, positional_match_reward),
+}
 
 
 def generate_samples(task: str, count: int, seed: int) -> list[TextSample]:
     """``count`` samples of ``task``, reproducible from ``seed``."""
     rng = random.Random(seed)
-    make = TASKS[task]
+    make = TASKS[task].make
     return [make(rng) for _ in range(count)]

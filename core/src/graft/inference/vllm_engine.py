@@ -30,13 +30,18 @@ def import_vllm() -> Any:
 
 def start_engine(model_dir: Path, *, dtype: str, max_model_len: int, seed: int,
                  gpu_memory_utilization: float = 0.3) -> Any:
-    """An in-process ``vllm.LLM`` serving ``model_dir``."""
+    """An in-process ``vllm.LLM`` serving ``model_dir``.
+
+    Log-probabilities are reported after temperature (``processed_logprobs``), the
+    distribution the trainer recomputes.
+    """
     vllm = import_vllm()
     import torch
 
     set_num_threads = torch.set_num_threads  # vLLM replaces it process-wide with a no-op
     kwargs: dict[str, Any] = {"model": str(model_dir), "dtype": dtype, "seed": seed,
-                              "max_model_len": max_model_len, "enforce_eager": True}
+                              "max_model_len": max_model_len, "enforce_eager": True,
+                              "logprobs_mode": "processed_logprobs"}
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     try:

@@ -30,7 +30,7 @@ PluginStatus = Literal["loaded", "disabled", "failed", "builtin"]
 
 # Core modules that implement hooks themselves (the core uses its own API). They register before
 # any plugin, so a plugin's implementation of a firstresult hook is asked first.
-BUILTIN_PLUGINS: tuple[str, ...] = ("graft.losses.builtin", "graft.checkpoint.backfill",
+BUILTIN_PLUGINS: tuple[str, ...] = ("graft.losses.builtin", "graft.checkpoint.backfill", "graft.rl.builtin",
                                     "graft.export.builtin")
 
 

@@ -35,6 +35,9 @@ class SFTJob:
                                     max_response_tokens=data.max_response_tokens)
         self.sampler = EpochSampler(len(self.samples), seed=cfg.trainer.seed, shuffle=data.shuffle)
 
+    def attach(self, engine: TrainEngine, run_dir: Any) -> None:
+        """Nothing to start: SFT needs no generator."""
+
     def step(self, engine: TrainEngine) -> dict[str, float]:
         """Train on the next global batch; this rank takes every ``world_size``-th sample."""
         indices = self.sampler.next_batch(self.cfg.trainer.global_batch_size)

@@ -18,6 +18,7 @@ from graft.errors import ConfigError
 from graft.export.hf import export_model_to_hf
 from graft.models.build import build_model, load_local_config
 from graft.plugins import get_plugin_manager
+from graft.rl.job import RLJob
 from graft.training.metrics import MetricsLog, peak_memory_gib
 from graft.training.optim import build_optimizer, build_scheduler
 from graft.training.run_dir import config_text, resolve_run_dir, truncate_metrics, write_config
@@ -58,6 +59,7 @@ class Trainer:
             write_config(self.run_dir, cfg)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint, self.env)
         self._resume()
+        self.job.attach(self.engine, self.run_dir)  # after resume: vLLM starts from these weights
 
     def _resume(self) -> None:
         path = self.checkpoints.resume_path()
@@ -78,10 +80,9 @@ class Trainer:
                               optimizer=self.engine.optimizer, trainer_state=state,
                               config_yaml=config_text(self.cfg, str(self.run_dir)))
 
-    def _build_job(self) -> SFTJob:
-        if self.cfg.trainer.mode != "sft":
-            raise ConfigError(f"trainer.mode={self.cfg.trainer.mode!r} is not available yet; "
-                              f"use trainer.mode=sft")
+    def _build_job(self) -> SFTJob | RLJob:
+        if self.cfg.trainer.mode == "rl":
+            return RLJob(self.cfg, self.tokenizer, self.env)
         return SFTJob(self.cfg, self.tokenizer, self.env)
 
     def export_hf(self, out_dir: Path) -> None:

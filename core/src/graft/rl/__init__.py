@@ -1,0 +1,1 @@
+"""Reinforcement learning: rewards, advantages, KL penalty and the RL step."""

@@ -1,0 +1,72 @@
+"""The embedded rollout engine and the rollout hooks, in process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from graft import hookimpl
+from graft.config import compose
+from graft.rollout import SamplingSpec
+from graft.training.trainer import Trainer
+
+
+def rl_trainer(tmp_path: Path, *overrides: str) -> Trainer:
+    cfg = compose([f"trainer.run_dir={tmp_path}", "trainer.total_steps=2", "engine.device=cpu",
+                   "rollout.prompts_per_step=4", "rollout.n=4", "checkpoint.every_steps=0",
+                   "export.hf_at_end=false", *overrides])
+    return Trainer(cfg)
+
+
+def test_generation_respects_the_token_cap_and_reports_logprobs(tmp_path: Path) -> None:
+    trainer = rl_trainer(tmp_path)
+    prompts = [[1, 70, 83], [1, 20, 21, 22, 23]]
+    samples = trainer.job.rollout.generate(prompts, SamplingSpec(1.0, 1.0, 6))
+    assert [s.prompt_ids for s in samples] == prompts
+    for sample in samples:
+        assert 1 <= len(sample.response_ids) <= 6 and len(sample.logprobs) == len(sample.response_ids)
+        assert (sample.logprobs <= 0).all()
+        if len(sample.response_ids) < 6:
+            assert sample.response_ids[-1] == trainer.tokenizer.eos_token_id
+
+
+class RecordingPlugin:
+    """Records a per-token extra during rollout, like routing replay does, and checks it
+    reaches the training micro-batches."""
+
+    def __init__(self) -> None:
+        self.begun = []
+        self.seen_extra = []
+
+    @hookimpl
+    def graft_rollout_begin(self, engine, model):
+        self.begun.append((engine, type(model).__name__))
+
+    @hookimpl
+    def graft_rollout_end(self, samples):
+        for sample in samples:
+            count = len(sample.prompt_ids) + len(sample.response_ids)
+            sample.extras["token_marks"] = torch.arange(1, count + 1, dtype=torch.float32)
+
+    @hookimpl
+    def graft_prepare_inputs(self, batch, layout):
+        marks = batch["token_marks"]
+        for segment, values in zip(layout.segments, layout.unpad(marks), strict=True):
+            assert values.tolist() == list(range(1, segment.length + 1))
+        self.seen_extra.append(tuple(marks.shape))
+
+
+def test_hook_graft_rollout_begin_sees_the_generating_model(tmp_path: Path, graft_plugin) -> None:
+    plugin = RecordingPlugin()
+    graft_plugin(plugin, name="recorder")
+    rl_trainer(tmp_path).fit()
+    assert plugin.begun == [("embedded", "FSDPQwen3MoeForCausalLM")] * 2
+
+
+def test_hook_graft_rollout_end_extras_reach_the_micro_batches(tmp_path: Path,
+                                                               graft_plugin) -> None:
+    plugin = RecordingPlugin()
+    graft_plugin(plugin, name="recorder")
+    rl_trainer(tmp_path, "engine.pad_to_length=true", "engine.pad_to_length_bucket=64").fit()
+    assert plugin.seen_extra and all(shape[1] % 64 == 0 for shape in plugin.seen_extra)

@@ -1,0 +1,80 @@
+"""``graft train`` in RL mode (the default): learning, several ranks, KL, interrupt and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import mean
+
+import pytest
+
+SMALL = ("rollout.prompts_per_step=4", "rollout.n=4")
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train(run_graft, run_dir: Path, *args: str, nproc: int = 1) -> subprocess.CompletedProcess:
+    command = ["train", *(["--nproc", str(nproc)] if nproc > 1 else []),
+               f"trainer.run_dir={run_dir}", *args]
+    result = run_graft(command)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return result
+
+
+def test_default_rl_run_improves_the_reward(run_graft, tmp_path: Path) -> None:
+    # The README's default run, shortened: 40 of its 200 steps, same settings otherwise.
+    train(run_graft, tmp_path, "trainer.total_steps=40")
+    rows = metrics(tmp_path)
+    assert all("reward_mean" in r and "train_infer_logprob_diff" in r for r in rows)
+    first, last = mean(r["reward_mean"] for r in rows[:5]), mean(r["reward_mean"] for r in rows[-5:])
+    assert last > first + 0.05, (first, last)
+    assert max(r["train_infer_logprob_diff"] for r in rows) < 1e-5  # same model: fp32 rounding
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+
+
+def test_rl_on_two_gloo_ranks_with_kl_to_a_reference(run_graft, tmp_path: Path) -> None:
+    train(run_graft, tmp_path, "trainer.total_steps=3", *SMALL, "loss.kl_coef=0.1",
+          "algorithm.advantage=rloo", "algorithm.mini_batches=2", nproc=2)
+    rows = metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all("kl" in r and r["kl"] >= 0 for r in rows) and rows[0]["kl"] < 1e-6
+    assert rows[-1]["kl"] > 0, "the policy moved away from the reference"
+
+
+def test_interrupted_run_resumes_when_the_command_is_rerun(tmp_path: Path) -> None:
+    # No trainer.run_dir: rerunning the same command finds the unfinished run under runs/.
+    command = [sys.executable, "-m", "graft", "train", "trainer.total_steps=12",
+               "checkpoint.every_steps=2", *SMALL]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAFT_")}
+    first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 240
+    while not list(tmp_path.glob("runs/*/checkpoints/step_4")) and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGINT)  # Ctrl-C
+    first.communicate(timeout=60)
+    (run_dir,) = tmp_path.glob("runs/*")
+    interrupted_at = len(metrics(run_dir))
+    assert 4 <= interrupted_at < 12
+    second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resumed from" in second.stderr
+    assert list(tmp_path.glob("runs/*")) == [run_dir], "same run directory, no new one"
+    assert [r["step"] for r in metrics(run_dir)] == list(range(1, 13))
+
+
+@pytest.mark.vllm
+def test_rl_with_the_vllm_engine(run_graft, tmp_path: Path, requires_vllm: None) -> None:
+    train(run_graft, tmp_path, "rollout.engine=vllm", "trainer.total_steps=3", *SMALL,
+          "optim.lr=0.01")
+    rows = metrics(tmp_path)
+    assert all(r["weight_sync_s"] > 0 and r["weight_sync_mb"] > 0 for r in rows)
+    assert max(r["train_infer_logprob_diff"] for r in rows) < 1e-4
