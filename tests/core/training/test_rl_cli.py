@@ -72,9 +72,12 @@ def test_interrupted_run_resumes_when_the_command_is_rerun(tmp_path: Path) -> No
 
 
 @pytest.mark.vllm
-def test_rl_with_the_vllm_engine(run_graft, tmp_path: Path, requires_vllm: None) -> None:
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_rl_with_the_vllm_engine(run_graft, tmp_path: Path, requires_vllm: None,
+                                 nproc: int) -> None:
+    # one process: vLLM runs inside the trainer; two gloo ranks: in its own process on rank 0
     train(run_graft, tmp_path, "rollout.engine=vllm", "trainer.total_steps=3", *SMALL,
-          "optim.lr=0.01")
+          "optim.lr=0.01", nproc=nproc)
     rows = metrics(tmp_path)
     assert all(r["weight_sync_s"] > 0 and r["weight_sync_mb"] > 0 for r in rows)
     assert max(r["train_infer_logprob_diff"] for r in rows) < 1e-4

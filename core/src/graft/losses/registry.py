@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from graft.errors import ConfigError, PluginError
+from graft.errors import ConfigError
 from graft.plugins import GraftPluginManager, get_plugin_manager
+from graft.plugins.registry import collect_named
 
 if TYPE_CHECKING:
     import torch
@@ -17,15 +18,7 @@ if TYPE_CHECKING:
 def policy_losses(manager: GraftPluginManager | None = None) -> dict[str, Callable[..., Any]]:
     """Every policy loss by name; two providers of one name is a `PluginError` naming both."""
     manager = manager or get_plugin_manager()
-    found: dict[str, Callable[..., Any]] = {}
-    owner: dict[str, str] = {}
-    for impl in manager.hook.graft_policy_losses.get_hookimpls():
-        for name, fn in (impl.function() or {}).items():
-            if name in owner:
-                raise PluginError(f"plugins {owner[name]!r} and {impl.plugin_name!r} both declare "
-                                  f"the policy loss {name!r}")
-            owner[name], found[name] = impl.plugin_name, fn
-    return found
+    return collect_named(manager.hook.graft_policy_losses, "policy loss")
 
 
 def policy_loss_names(manager: GraftPluginManager | None = None) -> list[str]:

@@ -13,12 +13,12 @@ from graft.models.build import build_model
 
 def build_rollout(cfg: Any, engine: TrainEngine, env: DistEnv, run_dir: Path,
                   tokenizer: Any) -> Any:
-    """``rollout.engine``: the trained model itself, or an in-process vLLM fed after each step."""
+    """``rollout.engine``: the trained model itself, or a vLLM engine fed after each step."""
     if cfg.rollout.engine == "vllm":
         from graft.rollout.vllm import VLLMRollout
 
-        return VLLMRollout(engine.model, cfg=cfg, world_size=env.world_size, run_dir=run_dir,
-                           tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id)
+        return VLLMRollout(engine.model, cfg=cfg, env=env, run_dir=run_dir, tokenizer=tokenizer,
+                           eos_token_id=tokenizer.eos_token_id)
     from graft.rollout.embedded import EmbeddedRollout
 
     return EmbeddedRollout(engine.model, pad_token_id=tokenizer.pad_token_id,

@@ -47,3 +47,24 @@ class DeltaSink(WeightSink, Protocol):
 
     def consume_delta(self, entries: list[DeltaEntry]) -> None:
         """Changed tensors (or rows of them) since the previous export."""
+
+
+class StagingSink:
+    """Copies each bucket out of the exporter's reused buffer into ``_staged`` (CPU) and applies
+    nothing until `finish`, so an aborted export leaves the consumer as it was."""
+
+    def __init__(self) -> None:
+        self._staged: dict[str, torch.Tensor] = {}
+
+    def begin(self) -> None:
+        """Start staging."""
+        self._staged = {}
+
+    def consume(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Stage copies of full tensors."""
+        for name, tensor in tensors:
+            self._staged[name] = tensor.detach().to("cpu", copy=True)
+
+    def abort(self, error: BaseException) -> None:
+        """Drop what was staged."""
+        self.begin()

@@ -8,25 +8,21 @@ from __future__ import annotations
 
 import torch
 
-from graft.export.sinks.base import DeltaEntry
+from graft.export.sinks.base import DeltaEntry, StagingSink
 
 
-class StateDictSink:
+class StateDictSink(StagingSink):
     """Keeps the exported weights in ``self.weights`` (HF names, CPU)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.weights: dict[str, torch.Tensor] = {}
-        self._staged: dict[str, torch.Tensor] = {}
         self._staged_rows: list[DeltaEntry] = []
 
     def begin(self) -> None:
         """Start staging."""
-        self._staged, self._staged_rows = {}, []
-
-    def consume(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Stage copies of full tensors."""
-        for name, tensor in tensors:
-            self._staged[name] = tensor.detach().to("cpu", copy=True)
+        super().begin()
+        self._staged_rows = []
 
     def consume_delta(self, entries: list[DeltaEntry]) -> None:
         """Stage row updates (applied in `finish`)."""
@@ -42,8 +38,4 @@ class StateDictSink:
         self.weights.update(self._staged)
         for entry in self._staged_rows:
             self.weights[entry.name][entry.rows] = entry.values
-        self.begin()
-
-    def abort(self, error: BaseException) -> None:
-        """Drop the staged update; `weights` keeps the previous export."""
         self.begin()

@@ -1,21 +1,23 @@
-"""`VLLMSink`: push exported weights into a running (in-process) vLLM engine.
+"""`VLLMSink`: push exported weights into a running vLLM engine.
 
 Buckets are copied into a staging dict as they arrive; only at `finish` are they checked (every
 name known to the engine, every shape right: a wrong one would leave the engine unusable) and
-handed to the worker's ``reload_weights`` in one call, then the prefix cache is reset (cached KV
-blocks were computed with the old weights). A failure before `finish` leaves the engine on its
-old weights.
+handed over in one call, then the prefix cache is reset (cached KV blocks were computed with the
+old weights). An in-process engine takes the tensors directly (``reload_weights``); an engine in
+its own process loads them from one safetensors file in ``/dev/shm`` (or ``staging_dir``). A
+failure before `finish` leaves the engine on its old weights.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from graft.errors import GraftError
-from graft.export.sinks.base import DeltaEntry
+from graft.export.sinks.base import DeltaEntry, StagingSink
 
 
 def safetensors_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
@@ -30,23 +32,17 @@ def safetensors_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-class VLLMSink:
+class VLLMSink(StagingSink):
     """Stages an export and loads it into ``llm`` at once."""
 
-    def __init__(self, llm: Any, expected_shapes: dict[str, tuple[int, ...]]) -> None:
+    def __init__(self, llm: Any, expected_shapes: dict[str, tuple[int, ...]],
+                 staging_dir: Path | None = None) -> None:
+        super().__init__()
         self.llm = llm
         self.expected = expected_shapes
+        shm = Path("/dev/shm")
+        self.staging_dir = staging_dir or (shm if shm.is_dir() else Path("."))
         self.current: dict[str, torch.Tensor] = {}
-        self._staged: dict[str, torch.Tensor] = {}
-
-    def begin(self) -> None:
-        """Start staging."""
-        self._staged = {}
-
-    def consume(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Copy a bucket out of the reused buffer."""
-        for name, tensor in tensors:
-            self._staged[name] = tensor.detach().to("cpu", copy=True)
 
     def consume_delta(self, entries: list[DeltaEntry]) -> None:
         """Apply row updates to a copy of the last pushed weights (vLLM reloads whole tensors)."""
@@ -70,10 +66,20 @@ class VLLMSink:
                 raise GraftError(f"export for vLLM: {name} {tuple(tensor.shape)} does not match "
                                  f"the engine's weights ({want}); the engine keeps its old weights")
         update = {**self.current, **self._staged} if self.current else self._staged
-        worker_of(self.llm).reload_weights(weights_iterator=iter(update.items()))
+        worker = worker_of(self.llm)
+        if worker is not None:
+            worker.reload_weights(weights_iterator=iter(update.items()))
+        else:
+            self._push_through_file(update)
         self.llm.reset_prefix_cache()
         self.current, self._staged = update, {}
 
-    def abort(self, error: BaseException) -> None:
-        """Drop the staged update; nothing reached the engine."""
-        self._staged = {}
+    def _push_through_file(self, update: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        path = self.staging_dir / f"graft-weights-{os.getpid()}.safetensors"
+        save_file({k: v.contiguous() for k, v in update.items()}, str(path))
+        try:
+            self.llm.collective_rpc("graft_load_safetensors", kwargs={"path": str(path)})
+        finally:
+            path.unlink(missing_ok=True)
