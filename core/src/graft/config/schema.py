@@ -101,7 +101,8 @@ class TrainerConfig:
     # Output directory; null = runs/<timestamp>. Rerunning with the same run_dir resumes.
     run_dir: str | None = None
     seed: int = 0
-    # Sequences per optimizer step, over all data-parallel ranks.
+    # SFT: sequences per optimizer step, over all data-parallel ranks (RL uses
+    # rollout.prompts_per_step x rollout.n).
     global_batch_size: int = 16
     log_every_steps: int = 1
     # Also write TensorBoard events when tensorboard is installed.

@@ -68,8 +68,8 @@ class TrainEngine:
 
     model: torch.nn.Module
     family: ModelFamily
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    optimizer: torch.optim.Optimizer | None  # None for a frozen model (the KL reference)
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
     env: DistEnv
     cfg: Any
     compute_dtype: torch.dtype
