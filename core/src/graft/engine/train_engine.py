@@ -16,6 +16,7 @@ import torch
 
 from graft.engine.distributed import DistEnv, all_reduce
 from graft.engine.forward import forward_logprobs
+from graft.engine.grad_norm import clip_grad_norm
 from graft.engine.micro_batch import MicroBatch, TokenSample, build_micro_batch
 from graft.engine.packing import plan_micro_batches
 from graft.losses.aggregation import AggregationContext
@@ -160,8 +161,7 @@ class TrainEngine:
         Returns the gradient norm before clipping as a device tensor (read it after queuing).
         """
         max_norm = self.cfg.optim.max_grad_norm or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        norm = clip_grad_norm(self.model.parameters(), max_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
