@@ -89,7 +89,7 @@ def test_rows_layout_gives_each_sample_a_row() -> None:
 
 def test_to_sequences_gathers_a_sequence_matrix() -> None:
     batch = build_micro_batch(samples(), packs_sequences=True, pad_token_id=PAD, pad_bucket=16)
-    matrix = batch.layout.to_sequences(batch.tensors["labels"])
+    matrix = batch.to_sequences(batch.tensors["labels"])
     assert matrix.tolist() == [[10, 11, 12, 2, PAD], [20, 21, 2, PAD, 0]]
 
 

@@ -70,11 +70,6 @@ class PackedLayout:
         index = torch.where(valid, starts[:, None] + steps[None, :], 0)
         return index, valid
 
-    def to_sequences(self, per_token: torch.Tensor) -> torch.Tensor:
-        """Gather a ``(R, L, ...)`` per-token tensor into ``(S, max_len, ...)``, zeros past each end."""
-        index, valid = self.sequence_index()
-        return gather_sequences(per_token, index.to(per_token.device), valid.to(per_token.device))
-
     def unpad(self, per_token: torch.Tensor) -> list[torch.Tensor]:
         """Strip every pad token from a ``(R, L, ...)`` output: one tensor per sample, in order.
 

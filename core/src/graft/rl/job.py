@@ -142,7 +142,7 @@ class RLJob:
         groups = max(1, min(algorithm.mini_batches, len(batches)))
         loss_fn = rl_loss(self.cfg.loss)
         scale = self.cfg.loss.loss_scale_factor or float(self.cfg.rollout.max_new_tokens)
-        results, norms, tokens = [], [], 0
+        results, norms = [], []
         for _ in range(algorithm.ppo_epochs):
             for group in range(groups):
                 chunk = batches[group::groups]
@@ -150,7 +150,7 @@ class RLJob:
                                                   with_entropy=True)
                 norms.append(engine.optimizer_step())
                 results.append(pending.result())
-        tokens = results[-1].tokens if results else 0
+        tokens = sum(r.tokens for r in results[:groups])  # one pass over the rollout batch
         metrics = {"loss": sum(r.loss for r in results) / len(results),
                    "grad_norm": sum(float(n) for n in norms) / len(norms), "tokens": tokens}
         for name in results[0].metrics:

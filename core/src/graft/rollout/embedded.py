@@ -34,7 +34,7 @@ class EmbeddedRollout:
         """Batched sampling (left-padded prompts) with temperature, top-p and a token cap."""
         ids, mask = self._left_pad(prompts)
         self.model.eval()
-        with gathered_parameters(self.model, reshard_blocks=self.reshard_blocks):
+        with GatheredParameters(self.model, reshard_blocks=self.reshard_blocks):
             out = self.model.generate(
                 input_ids=ids, attention_mask=mask, do_sample=True, temperature=spec.temperature,
                 top_p=spec.top_p, top_k=0, max_new_tokens=spec.max_new_tokens, use_cache=True,
@@ -67,7 +67,7 @@ class EmbeddedRollout:
         return ids.to(self.device), mask.to(self.device)
 
 
-class gathered_parameters:  # noqa: N801 - used as a context manager
+class GatheredParameters:
     """Keep FSDP2 parameters unsharded across forwards (generation), reshard afterwards."""
 
     def __init__(self, model: torch.nn.Module, *, reshard_blocks: bool) -> None:
