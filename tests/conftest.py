@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -55,6 +56,31 @@ def process_plugins() -> None:
     from graft.plugins import get_plugin_manager
 
     get_plugin_manager()
+
+
+@pytest.fixture
+def graft_train(run_graft) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``graft train [--nproc N] trainer.run_dir=RUN_DIR ARGS`` that must succeed."""
+
+    def train(run_dir: Path, *args: str, nproc: int = 1) -> subprocess.CompletedProcess[str]:
+        command = ["train", *(["--nproc", str(nproc)] if nproc > 1 else []),
+                   f"trainer.run_dir={run_dir}", *args]
+        result = run_graft(command)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+        return result
+
+    return train
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The rows of ``<run_dir>/metrics.jsonl``."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def metrics_of() -> Callable[[Path], list[dict]]:
+    """`read_metrics` for tests (conftest helpers are reached through fixtures)."""
+    return read_metrics
 
 
 @pytest.fixture

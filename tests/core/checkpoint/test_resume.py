@@ -19,28 +19,28 @@ MOE = ("model.preset=tiny-qwen3-moe", "checkpoint.every_steps=3", "rollout.promp
 SFT = ("trainer.mode=sft", "model.preset=tiny-llama")
 
 
-def train(run_graft, run_dir: Path, steps: int, *args: str, nproc: int = 1):
-    command = ["train", *(["--nproc", str(nproc)] if nproc > 1 else []),
-               f"trainer.run_dir={run_dir}", f"trainer.total_steps={steps}", *args]
-    result = run_graft(command)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return result
+@pytest.fixture
+def train(graft_train):
+    """``graft train`` for ``steps`` steps."""
+    return lambda run_dir, steps, *args, nproc=1: graft_train(
+        run_dir, f"trainer.total_steps={steps}", *args, nproc=nproc)
 
 
-def losses(run_dir: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {row["step"]: row["loss"] for row in rows}
+@pytest.fixture
+def losses(metrics_of):
+    """Step -> loss of a run."""
+    return lambda run_dir: {row["step"]: row["loss"] for row in metrics_of(run_dir)}
 
 
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return load_tensors(run_dir / "checkpoints" / f"step_{step}")
 
 
-def test_two_rank_resume_is_bit_identical(run_graft, tmp_path: Path) -> None:
+def test_two_rank_resume_is_bit_identical(train, losses, tmp_path: Path) -> None:
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    train(run_graft, straight, 6, *MOE, nproc=2)
-    train(run_graft, resumed, 3, *MOE, nproc=2)
-    result = train(run_graft, resumed, 6, *MOE, nproc=2)  # a fresh process resumes from step 3
+    train(straight, 6, *MOE, nproc=2)
+    train(resumed, 3, *MOE, nproc=2)
+    result = train(resumed, 6, *MOE, nproc=2)  # a fresh process resumes from step 3
     assert "resumed from" in result.stderr
     assert losses(straight) == losses(resumed)
     a, b = weights(straight, 6), weights(resumed, 6)
@@ -53,20 +53,20 @@ def test_two_rank_resume_is_bit_identical(run_graft, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("first", "second"), [(2, 1), (1, 2)])
-def test_resume_with_another_world_size_reshards(run_graft, tmp_path: Path, first: int,
+def test_resume_with_another_world_size_reshards(train, losses, tmp_path: Path, first: int,
                                                  second: int) -> None:
     reference, resharded = tmp_path / "reference", tmp_path / "resharded"
-    train(run_graft, reference, 5, *MOE, nproc=first)
-    train(run_graft, resharded, 3, *MOE, nproc=first)
-    train(run_graft, resharded, 5, *MOE, nproc=second)
+    train(reference, 5, *MOE, nproc=first)
+    train(resharded, 3, *MOE, nproc=first)
+    train(resharded, 5, *MOE, nproc=second)
     expected, got = losses(reference), losses(resharded)
     assert expected.keys() == got.keys() == {1, 2, 3, 4, 5}
     for step in (4, 5):
         assert got[step] == pytest.approx(expected[step], rel=1e-5)
 
 
-def test_changed_model_shape_is_a_clear_error(run_graft, tmp_path: Path) -> None:
-    train(run_graft, tmp_path, 3, *SFT)
+def test_changed_model_shape_is_a_clear_error(run_graft, train, tmp_path: Path) -> None:
+    train(tmp_path, 3, *SFT)
     result = run_graft(["train", f"trainer.run_dir={tmp_path}", "trainer.total_steps=4", *SFT,
                         "+model.overrides.num_attention_heads=2"])
     assert result.returncode == 2
@@ -75,17 +75,17 @@ def test_changed_model_shape_is_a_clear_error(run_graft, tmp_path: Path) -> None
     assert "Traceback" not in result.stderr
 
 
-def test_async_save_resumes_exactly(run_graft, tmp_path: Path) -> None:
+def test_async_save_resumes_exactly(train, losses, tmp_path: Path) -> None:
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     args = (*SFT, "checkpoint.every_steps=2", "checkpoint.async_save=true")
-    train(run_graft, straight, 4, *args)
-    train(run_graft, resumed, 2, *args)
-    train(run_graft, resumed, 4, *args)
+    train(straight, 4, *args)
+    train(resumed, 2, *args)
+    train(resumed, 4, *args)
     assert losses(straight) == losses(resumed)
 
 
-def test_ckpt_inspect_and_verify(run_graft, tmp_path: Path) -> None:
-    train(run_graft, tmp_path, 2, *SFT)
+def test_ckpt_inspect_and_verify(run_graft, train, tmp_path: Path) -> None:
+    train(tmp_path, 2, *SFT)
     inspect = run_graft(["ckpt", "inspect", str(tmp_path), "--json"])
     summary = json.loads(inspect.stdout)
     assert (summary["step"], summary["world_size"]) == (2, 1)

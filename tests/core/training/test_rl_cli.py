@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,22 +15,10 @@ import pytest
 SMALL = ("rollout.prompts_per_step=4", "rollout.n=4")
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def train(run_graft, run_dir: Path, *args: str, nproc: int = 1) -> subprocess.CompletedProcess:
-    command = ["train", *(["--nproc", str(nproc)] if nproc > 1 else []),
-               f"trainer.run_dir={run_dir}", *args]
-    result = run_graft(command)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return result
-
-
-def test_default_rl_run_improves_the_reward(run_graft, tmp_path: Path) -> None:
+def test_default_rl_run_improves_the_reward(graft_train, metrics_of, tmp_path: Path) -> None:
     # The README's default run, shortened: 40 of its 200 steps, same settings otherwise.
-    train(run_graft, tmp_path, "trainer.total_steps=40")
-    rows = metrics(tmp_path)
+    graft_train(tmp_path, "trainer.total_steps=40")
+    rows = metrics_of(tmp_path)
     assert all("reward_mean" in r and "train_infer_logprob_diff" in r for r in rows)
     first, last = mean(r["reward_mean"] for r in rows[:5]), mean(r["reward_mean"] for r in rows[-5:])
     assert last > first + 0.05, (first, last)
@@ -39,16 +26,17 @@ def test_default_rl_run_improves_the_reward(run_graft, tmp_path: Path) -> None:
     assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
-def test_rl_on_two_gloo_ranks_with_kl_to_a_reference(run_graft, tmp_path: Path) -> None:
-    train(run_graft, tmp_path, "trainer.total_steps=3", *SMALL, "loss.kl_coef=0.1",
+def test_rl_on_two_gloo_ranks_with_kl_to_a_reference(graft_train, metrics_of,
+                                                     tmp_path: Path) -> None:
+    graft_train(tmp_path, "trainer.total_steps=3", *SMALL, "loss.kl_coef=0.1",
           "algorithm.advantage=rloo", "algorithm.mini_batches=2", nproc=2)
-    rows = metrics(tmp_path)
+    rows = metrics_of(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all("kl" in r and r["kl"] >= 0 for r in rows) and rows[0]["kl"] < 1e-6
     assert rows[-1]["kl"] > 0, "the policy moved away from the reference"
 
 
-def test_interrupted_run_resumes_when_the_command_is_rerun(tmp_path: Path) -> None:
+def test_interrupted_run_resumes_when_the_command_is_rerun(metrics_of, tmp_path: Path) -> None:
     # No trainer.run_dir: rerunning the same command finds the unfinished run under runs/.
     command = [sys.executable, "-m", "graft", "train", "trainer.total_steps=12",
                "checkpoint.every_steps=2", *SMALL]
@@ -61,23 +49,23 @@ def test_interrupted_run_resumes_when_the_command_is_rerun(tmp_path: Path) -> No
     os.killpg(first.pid, signal.SIGINT)  # Ctrl-C
     first.communicate(timeout=60)
     (run_dir,) = tmp_path.glob("runs/*")
-    interrupted_at = len(metrics(run_dir))
+    interrupted_at = len(metrics_of(run_dir))
     assert 4 <= interrupted_at < 12
     second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stderr
     assert list(tmp_path.glob("runs/*")) == [run_dir], "same run directory, no new one"
-    assert [r["step"] for r in metrics(run_dir)] == list(range(1, 13))
+    assert [r["step"] for r in metrics_of(run_dir)] == list(range(1, 13))
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_rl_with_the_vllm_engine(run_graft, tmp_path: Path, requires_vllm: None,
+def test_rl_with_the_vllm_engine(graft_train, metrics_of, tmp_path: Path, requires_vllm: None,
                                  nproc: int) -> None:
     # one process: vLLM runs inside the trainer; two gloo ranks: in its own process on rank 0
-    train(run_graft, tmp_path, "rollout.engine=vllm", "trainer.total_steps=3", *SMALL,
+    graft_train(tmp_path, "rollout.engine=vllm", "trainer.total_steps=3", *SMALL,
           "optim.lr=0.01", nproc=nproc)
-    rows = metrics(tmp_path)
+    rows = metrics_of(tmp_path)
     assert all(r["weight_sync_s"] > 0 and r["weight_sync_mb"] > 0 for r in rows)
     assert max(r["train_infer_logprob_diff"] for r in rows) < 1e-4

@@ -9,21 +9,10 @@ import pytest
 import yaml
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def train(run_graft, run_dir: Path, *args: str, nproc: int = 1):
-    command = ["train", *(["--nproc", str(nproc)] if nproc > 1 else []),
-               f"trainer.run_dir={run_dir}", *args]
-    result = run_graft(command)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return result
-
-
-def test_default_sft_run_learns_and_writes_the_run_layout(run_graft, tmp_path: Path) -> None:
-    result = train(run_graft, tmp_path / "run", "trainer.mode=sft")
-    rows = metrics(tmp_path / "run")
+def test_default_sft_run_learns_and_writes_the_run_layout(graft_train, metrics_of,
+                                                          tmp_path: Path) -> None:
+    result = graft_train(tmp_path / "run", "trainer.mode=sft")
+    rows = metrics_of(tmp_path / "run")
     assert [r["step"] for r in rows] == list(range(1, 201))
     for key in ("loss", "grad_norm", "tokens_per_s", "peak_memory_gib", "lr"):
         assert key in rows[0]
@@ -34,39 +23,39 @@ def test_default_sft_run_learns_and_writes_the_run_layout(run_graft, tmp_path: P
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3-moe"])
-def test_two_gloo_ranks_follow_the_one_rank_trajectory(run_graft, tmp_path: Path,
+def test_two_gloo_ranks_follow_the_one_rank_trajectory(graft_train, metrics_of, tmp_path: Path,
                                                        preset: str) -> None:
     common = (f"model.preset={preset}", "trainer.total_steps=4", "trainer.mode=sft")
-    train(run_graft, tmp_path / "one", *common)
-    train(run_graft, tmp_path / "two", *common, nproc=2)
-    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    graft_train(tmp_path / "one", *common)
+    graft_train(tmp_path / "two", *common, nproc=2)
+    one, two = metrics_of(tmp_path / "one"), metrics_of(tmp_path / "two")
     for a, b in zip(one, two, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     assert one[-1]["loss"] < one[0]["loss"]
 
 
-def test_file_dataset_and_pad_to_length(run_graft, tmp_path: Path) -> None:
+def test_file_dataset_and_pad_to_length(graft_train, metrics_of, tmp_path: Path) -> None:
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i}+{i}=", "answer": str(2 * i)}) + "\n"
                             for i in range(40)))
-    train(run_graft, tmp_path / "run", "data.source=file", f"data.path={data}",
+    graft_train(tmp_path / "run", "data.source=file", f"data.path={data}",
           "trainer.mode=sft", "data.prompt_key=question", "data.response_key=answer",
           "trainer.total_steps=3",
           "engine.pad_to_length=true", "engine.pad_to_length_bucket=64",
           "model.preset=tiny-llama")
-    assert len(metrics(tmp_path / "run")) == 3
+    assert len(metrics_of(tmp_path / "run")) == 3
 
 
-def test_parquet_dataset(run_graft, tmp_path: Path) -> None:
+def test_parquet_dataset(graft_train, metrics_of, tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     data = tmp_path / "train.parquet"
     pq.write_table(pa.table({"prompt": ["a=", "b="] * 8, "response": ["1", "2"] * 8}), data)
-    train(run_graft, tmp_path / "run", "data.source=file", f"data.path={data}",
+    graft_train(tmp_path / "run", "data.source=file", f"data.path={data}",
           "trainer.mode=sft", "trainer.total_steps=2", "model.preset=tiny-llama")
-    assert len(metrics(tmp_path / "run")) == 2
+    assert len(metrics_of(tmp_path / "run")) == 2
 
 
 @pytest.mark.parametrize(("args", "message"), [

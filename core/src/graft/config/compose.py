@@ -83,8 +83,8 @@ def plugin_hint(manager: GraftPluginManager) -> str:
     """A sentence about plugins that are installed but not loaded, for unknown-section errors."""
     inactive = [f"{r.name} ({r.status})" for r in manager.records.values()
                 if r.status in ("disabled", "failed")]
-    loaded = [n for n in manager.loaded_names()]
-    text = f" Sections come from loaded plugins ({', '.join(loaded) or 'none loaded'})."
+    loaded = ", ".join(manager.loaded_names()) or "none loaded"
+    text = f" Sections come from loaded plugins ({loaded})."
     if inactive:
         text += f" Installed but not loaded: {', '.join(inactive)} (see `graft plugins`)."
     return text

@@ -24,7 +24,7 @@ from graft.plugins import get_plugin_manager
 from graft.rl.advantages import group_advantages
 from graft.rl.kl import kl_penalty
 from graft.rl.rewards import resolve_reward
-from graft.rollout.types import RolloutSample, SamplingSpec
+from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
 
 
 def rl_loss(loss_cfg: Any) -> LossFn:
@@ -67,7 +67,7 @@ class RLJob:
         self.reward = resolve_reward(cfg.algorithm.reward, cfg.data.source)
         self.spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p,
                                  cfg.rollout.max_new_tokens)
-        self.rollout: Any = None
+        self.rollout: RolloutEngine | None = None
         self.reference: TrainEngine | None = None
 
     def attach(self, engine: TrainEngine, run_dir: Path) -> None:

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
+from graft.engine.logprobs import token_logprobs
 from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos
 
 
@@ -42,8 +43,11 @@ class EmbeddedRollout:
                 return_dict_in_generate=True, output_logits=True,
                 synced_gpus=dist.is_initialized() and dist.get_world_size() > 1)
         new_tokens = out.sequences[:, ids.shape[1]:]
-        logits = torch.stack(out.logits, dim=1).float() / spec.temperature
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, new_tokens[..., None]).squeeze(-1)
+        # One decode step at a time, with the trainer's own log-prob function: never a fp32 copy
+        # of all (sequences x steps x vocab) logits.
+        temperature = torch.full((len(prompts),), spec.temperature, device=new_tokens.device)
+        logprobs = torch.stack([token_logprobs(step, new_tokens[:, i], temperature)
+                                for i, step in enumerate(out.logits)], dim=1)
         samples = []
         for row, prompt in enumerate(prompts):
             response = cut_at_eos(new_tokens[row].tolist(), self.eos_token_id)

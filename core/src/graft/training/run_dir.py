@@ -8,6 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from graft.checkpoint.layout import write_atomically
 from graft.engine.distributed import broadcast_object
 
 RUNS = Path("runs")
@@ -32,16 +35,21 @@ def config_text(cfg: Any, run_dir: str | None) -> str:
     return to_yaml(dataclasses.replace(cfg, trainer=trainer))
 
 
+def _without_run_dir(text: str) -> Any:
+    config = yaml.safe_load(text)
+    config["trainer"]["run_dir"] = None
+    return config
+
+
 def find_resumable_run(root: Path, cfg: Any) -> Path | None:
     """The newest run under ``root`` with the same config whose last checkpoint is not final."""
     from graft.checkpoint.layout import read_latest, step_of
 
-    wanted = config_text(cfg, None)
+    wanted = _without_run_dir(config_text(cfg, None))
     candidates = sorted((p for p in root.glob("*") if (p / "config.yaml").is_file()),
                         key=lambda p: p.stat().st_mtime, reverse=True) if root.is_dir() else []
     for run in candidates:
-        saved = (run / "config.yaml").read_text()
-        if saved.replace(f"run_dir: {run}\n", "run_dir: null\n") != wanted:
+        if _without_run_dir((run / "config.yaml").read_text()) != wanted:
             continue
         latest = read_latest(run)
         if latest is not None and step_of(latest) < cfg.trainer.total_steps:
@@ -52,10 +60,7 @@ def find_resumable_run(root: Path, cfg: Any) -> Path | None:
 def write_config(run_dir: Path, cfg: Any) -> None:
     """Save the composed config, with the resolved run dir, as ``<run_dir>/config.yaml``."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    target = run_dir / "config.yaml"
-    partial = target.with_suffix(".yaml.tmp")
-    partial.write_text(config_text(cfg, str(run_dir)))
-    partial.replace(target)
+    write_atomically(run_dir / "config.yaml", config_text(cfg, str(run_dir)))
 
 
 def truncate_metrics(run_dir: Path, last_step: int) -> None:
@@ -65,4 +70,4 @@ def truncate_metrics(run_dir: Path, last_step: int) -> None:
         return
     kept = [line for line in path.read_text().splitlines()
             if line.strip() and json.loads(line).get("step", 0) <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    write_atomically(path, "".join(line + "\n" for line in kept))
