@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from graft.config import compose
-from graft.engine.distributed import init_distributed, shutdown_distributed
+from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.engine.micro_batch import TokenSample, build_micro_batch
 from graft.losses.modes import BUILTIN_AGG_MODES
 from graft.training.sft import sft_loss
@@ -52,3 +52,4 @@ def main(out_dir: str, micro_batches: int) -> None:
 if __name__ == "__main__":
     main(sys.argv[1], int(sys.argv[2]))
     shutdown_distributed()
+    end_torchrun_worker()

@@ -6,8 +6,10 @@ model is always an FSDP2 module and checkpoints always have the same format.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +87,24 @@ def shutdown_distributed() -> None:
         gc.collect()  # FSDP2 modules sit in reference cycles that hold the group
         dist.destroy_process_group()
     _created_process_group = False
+
+
+def end_torchrun_worker() -> None:
+    """Leave a torchrun worker after a successful run without interpreter teardown.
+
+    Even with the group destroyed, threads that gloo and FSDP2 leave behind occasionally abort
+    the process while C++ statics are destroyed ("terminate called without an active
+    exception", rare; seen in CI with 2 gloo ranks), which torchrun reports as a failed run.
+    Python's exit handlers still run first (child processes such as a vLLM engine are stopped,
+    logs flushed); only the C++ teardown is skipped. Outside torchrun: no-op.
+    """
+    if "LOCAL_RANK" not in os.environ:
+        return
+    shutdown_distributed()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def all_reduce(value: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:

@@ -5,6 +5,24 @@ from __future__ import annotations
 import torch
 
 ALIGN = 64  # bytes; keeps every view aligned for any dtype
+# Tensors from this size on are copied one by one: a plain copy is a cudaMemcpy at full device
+# bandwidth, while the multi-tensor copy kernel reaches about two thirds of it on large tensors
+# (measured on an H200, bench/README.md). Below it, one kernel for all saves the launches.
+SEPARATE_COPY_BYTES = 1 << 20
+
+
+def copy_tensors(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``targets[i].copy_(sources[i])`` for all i, asynchronously, at the best bandwidth:
+    small tensors in one multi-tensor copy, large ones as separate copies."""
+    small_targets, small_sources = [], []
+    for target, source in zip(targets, sources, strict=True):
+        if source.numel() * source.element_size() >= SEPARATE_COPY_BYTES:
+            target.copy_(source, non_blocking=True)
+        else:
+            small_targets.append(target)
+            small_sources.append(source)
+    if small_targets:
+        torch._foreach_copy_(small_targets, small_sources, non_blocking=True)
 
 
 class Bucket:
@@ -44,7 +62,7 @@ class Bucket:
         """Run the deferred copies."""
         targets, sources = self._pending
         if targets:
-            torch._foreach_copy_(targets, sources, non_blocking=True)
+            copy_tensors(targets, sources)
         self._pending = ([], [])
 
     def views(self) -> list[tuple[str, torch.Tensor]]:

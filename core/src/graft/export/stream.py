@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from graft.export.bucket import ALIGN, Bucket
+from graft.export.bucket import ALIGN, Bucket, copy_tensors
 from graft.export.context import ExportContext
 from graft.export.delta import DeltaTracker
 from graft.export.handlers import export_slots, exported_entries, meta_skeleton, passes_through
@@ -187,7 +187,7 @@ class WeightExporter:
         try:
             for bucket in plan.buckets:
                 sources = [gather_full(value)[0] for _, value, _ in bucket]
-                torch._foreach_copy_([view for _, _, view in bucket], sources, non_blocking=True)
+                copy_tensors([view for _, _, view in bucket], sources)
                 if on_host and torch.cuda.is_available():
                     torch.cuda.current_stream().synchronize()
                 if sink is not None:

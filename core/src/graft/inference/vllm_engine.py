@@ -55,6 +55,17 @@ def start_engine(model_dir: Path, *, dtype: str, max_model_len: int, seed: int,
         torch.set_num_threads = set_num_threads
 
 
+def shutdown_engine(llm: Any) -> None:
+    """Stop ``llm``'s engine now: its own process (if it has one) exits and its memory is freed.
+
+    Without this the engine process outlives a trainer that leaves without interpreter teardown
+    (`graft.engine.distributed.end_torchrun_worker`) and keeps the trainer's output pipes open.
+    """
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if client is not None and hasattr(client, "shutdown"):
+        client.shutdown()
+
+
 def worker_of(llm: Any) -> Any | None:
     """The in-process worker that owns the model, or None when the engine has its own process."""
     core = getattr(llm.llm_engine, "engine_core", None)

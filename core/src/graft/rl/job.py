@@ -177,3 +177,9 @@ class RLJob:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved prompt position."""
         self.sampler.load_state_dict(state["sampler"])
+
+    def close(self) -> None:
+        """Stop the rollout engine and drop the frozen reference (at the end of a run)."""
+        if self.rollout is not None:
+            self.rollout.close()
+        self.rollout = self.reference = None

@@ -20,7 +20,7 @@ from graft.engine.distributed import DistEnv
 from graft.export.hf import export_model_to_hf
 from graft.export.sinks.vllm import VLLMSink, safetensors_shapes
 from graft.export.stream import WeightExporter, default_bucket_bytes
-from graft.inference.vllm_engine import start_engine
+from graft.inference.vllm_engine import shutdown_engine, start_engine
 from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos
 
 
@@ -91,5 +91,7 @@ class VLLMRollout:
         return {"weight_sync_s": stats.seconds, "weight_sync_mb": stats.bytes_sent / 1e6}
 
     def close(self) -> None:
-        """Drop the engine."""
-        self.llm = None
+        """Stop the engine (its process too, when it has one); idempotent."""
+        if self.llm is not None:
+            shutdown_engine(self.llm)
+        self.llm = self.sink = None

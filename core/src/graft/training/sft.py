@@ -57,3 +57,6 @@ class SFTJob:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved data position."""
         self.sampler.load_state_dict(state["sampler"])
+
+    def close(self) -> None:
+        """Nothing to release: the SFT job holds only its data and sampler."""

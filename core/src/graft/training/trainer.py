@@ -107,16 +107,22 @@ class Trainer:
         return metrics
 
     def fit(self) -> list[dict[str, Any]]:
-        """Train until ``trainer.total_steps``; metrics go to the console and metrics.jsonl."""
+        """Train until ``trainer.total_steps``; metrics go to the console and metrics.jsonl.
+
+        The rollout engine is stopped when training ends, also when it ends with an error.
+        """
         total = self.cfg.trainer.total_steps
         every = max(1, self.cfg.trainer.log_every_steps)
-        with MetricsLog(self.run_dir, total_steps=total, enabled=self.env.is_main,
-                        tensorboard=self.cfg.trainer.tensorboard) as log:
-            while self.step < total:
-                metrics = self.train_step()
-                log.log(metrics, print_line=self.step % every == 0 or self.step == total)
-                if self.checkpoints.should_save(self.step, total):
-                    self.save_checkpoint()
+        try:
+            with MetricsLog(self.run_dir, total_steps=total, enabled=self.env.is_main,
+                            tensorboard=self.cfg.trainer.tensorboard) as log:
+                while self.step < total:
+                    metrics = self.train_step()
+                    log.log(metrics, print_line=self.step % every == 0 or self.step == total)
+                    if self.checkpoints.should_save(self.step, total):
+                        self.save_checkpoint()
+        finally:
+            self.job.close()
         self.checkpoints.wait()
         if self.cfg.export.hf_at_end:
             self.export_hf(self.run_dir / "hf")
