@@ -140,12 +140,11 @@ def model_copy_rates(model: torch.nn.Module, repeats: int) -> dict[str, float]:
         start += nbytes
 
     def one_by_one() -> None:
-        for target, source in zip(targets, sources):
+        for target, source in zip(targets, sources, strict=True):
             target.copy_(source, non_blocking=True)
 
     each, _ = measure(lambda: one_by_one, repeats)
     together, _ = measure(lambda: lambda: torch._foreach_copy_(targets, sources), repeats)
-    del flat, targets
     return {"model_copy_each_gb_per_s": start / each / 1e9,
             "model_foreach_copy_gb_per_s": start / together / 1e9}
 

@@ -19,7 +19,7 @@ def test_copy_tensors_copies_small_and_large_tensors_exactly() -> None:
     sources = _sources()
     targets = [torch.zeros_like(source) for source in sources]
     copy_tensors(targets, sources)
-    for target, source in zip(targets, sources):
+    for target, source in zip(targets, sources, strict=True):
         assert torch.equal(target, source)
 
 
@@ -31,6 +31,6 @@ def test_bucket_views_hold_deferred_and_direct_copies() -> None:
         assert bucket.add(f"t{index}", source, defer=index % 2 == 0)
     views = bucket.views()
     assert [name for name, _ in views] == [f"t{i}" for i in range(len(sources))]
-    for (_, view), source in zip(views, sources):
+    for (_, view), source in zip(views, sources, strict=True):
         assert view.dtype == source.dtype and torch.equal(view, source)
     assert not bucket.add("too big", torch.zeros(bucket.capacity))

@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from graft.export.bucket import ALIGN, Bucket, copy_tensors
+from graft.export.bucket import Bucket
 from graft.export.context import ExportContext
+from graft.export.copy_plan import CopyPlan, fill_bucket, plan_copies
 from graft.export.delta import DeltaTracker
+from graft.export.gather import gather_full
 from graft.export.handlers import export_slots, exported_entries, meta_skeleton, passes_through
 from graft.export.sinks.base import DeltaEntry, DeltaSink, WeightSink
 
@@ -56,19 +57,6 @@ class ExportStats:
         return self.bytes_total / max(self.seconds, 1e-9) / 1e9
 
 
-def gather_full(value: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """The whole tensor from its shards, and whether it is a view of the live parameter.
-
-    A collective for DTensors sharded over several ranks (call it on every rank); on a one-rank
-    mesh the local shard already is the whole tensor.
-    """
-    if not hasattr(value, "full_tensor"):
-        return value.detach(), True
-    if value.device_mesh.size() == 1:
-        return value.to_local().detach(), True
-    return value.full_tensor().detach(), False
-
-
 def _entries(model: torch.nn.Module, dtype: torch.dtype | None,
              is_main: bool) -> Iterator[tuple[str, torch.Tensor, bool]]:
     ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype)
@@ -97,15 +85,6 @@ def hf_tensors(model: torch.nn.Module, *, dtype: torch.dtype | None,
         yield hf_name, tensor
 
 
-@dataclass
-class _CopyPlan:
-    """A full export that is nothing but copies, laid out once: for each bucket, the exported
-    tensors (name, live tensor) and their destination views in the bucket."""
-
-    buckets: list[list[tuple[str, Any, torch.Tensor]]]
-    total_bytes: int
-
-
 class WeightExporter:
     """Exports a model to sinks again and again, keeping the delta snapshot between exports."""
 
@@ -117,13 +96,17 @@ class WeightExporter:
         self.tracker = DeltaTracker() if delta else None
         device = bucket_device or next(model.parameters()).device
         self.bucket = Bucket(bucket_bytes, device, pin=True) if is_main else None
-        self._copy_plan: _CopyPlan | None = None
+        self.bucket_bytes = bucket_bytes
+        self._copy_plan: CopyPlan | None = None
         self._planned = False
 
     def export(self, sink: WeightSink | None) -> ExportStats:
         """One full or delta export into ``sink`` (None on ranks that only help gather)."""
         if not self._planned:
-            self._copy_plan, self._planned = self._plan_copies(), True
+            if self.tracker is None:
+                self._copy_plan = plan_copies(self.model, bucket=self.bucket,
+                                              bucket_bytes=self.bucket_bytes, dtype=self.dtype)
+            self._planned = True
         if self._copy_plan is not None:
             return self._export_copies(self._copy_plan, sink)
         stats = ExportStats(delta=self.tracker is not None and bool(self.tracker.snapshot))
@@ -147,52 +130,20 @@ class WeightExporter:
         stats.seconds = time.perf_counter() - started
         return stats
 
-    def _plan_copies(self) -> _CopyPlan | None:
-        """The bucket layout when every tensor is exported as is (a one-rank or unsharded
-        model, handlers passing through, no dtype change, no delta); None otherwise.
-
-        Such exports skip per-tensor Python work: one multi-tensor copy per bucket.
-        """
-        if self.tracker is not None or self.bucket is None:
-            return None
-        ctx = ExportContext(self.model, self.model.config.model_type, meta_skeleton(self.model),
-                            self.dtype)
-        planned, current, used, total = [], [], 0, 0
-        for name, value in exported_entries(self.model):
-            sharded = hasattr(value, "full_tensor") and value.device_mesh.size() > 1
-            if sharded or (self.dtype is not None and value.dtype != self.dtype):
-                return None
-            shape = tuple(value.shape)
-            if not passes_through(name, shape, value.dtype, ctx):
-                return None
-            nbytes = value.numel() * value.element_size()
-            start = -(-used // ALIGN) * ALIGN
-            if start + nbytes > self.bucket.capacity:
-                if nbytes > self.bucket.capacity:
-                    return None
-                planned.append(current)
-                current, start = [], 0
-            view = self.bucket.buffer[start:start + nbytes].view(value.dtype).view(shape)
-            current.append((name, value, view))
-            used, total = start + nbytes, total + nbytes
-        planned.append(current)
-        return _CopyPlan([b for b in planned if b], total)
-
-    def _export_copies(self, plan: _CopyPlan, sink: WeightSink | None) -> ExportStats:
+    def _export_copies(self, plan: CopyPlan, sink: WeightSink | None) -> ExportStats:
         started = time.perf_counter()
         stats = ExportStats(bytes_total=plan.total_bytes)
-        on_host = self.bucket.buffer.device.type == "cpu"
+        on_host = self.bucket is not None and self.bucket.buffer.device.type == "cpu"
         if sink is not None:
             sink.begin()
         try:
-            for bucket in plan.buckets:
-                sources = [gather_full(value)[0] for _, value, _ in bucket]
-                copy_tensors([view for _, _, view in bucket], sources)
+            for planned in plan.buckets:
+                fill_bucket(planned)
                 if on_host and torch.cuda.is_available():
                     torch.cuda.current_stream().synchronize()
                 if sink is not None:
-                    sink.consume([(name, view) for name, _, view in bucket])
-                stats.tensors += len(bucket)
+                    sink.consume([(item.name, item.view) for item in planned])
+                stats.tensors += len(planned)
                 stats.buckets += 1
             if sink is not None:
                 sink.finish()

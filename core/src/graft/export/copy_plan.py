@@ -1,0 +1,87 @@
+"""`CopyPlan`: a full export that is nothing but copies and all-gathers, laid out once.
+
+When every handler passes its parameter through unchanged, no dtype changes and no delta is kept,
+an export needs no per-tensor decisions: each parameter has a fixed place in one of the buckets.
+Parameters split in row blocks over the ranks are all-gathered straight into that place (one write
+per byte, no temporary); the others are copied, large ones one by one, small ones together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graft.export.bucket import ALIGN, Bucket, copy_tensors
+from graft.export.context import ExportContext
+from graft.export.gather import gather_rows_into, gathers_rows_directly, is_sharded
+from graft.export.handlers import exported_entries, meta_skeleton, passes_through
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One exported tensor: its HF name, the live parameter and its place in the bucket (None on
+    ranks that only help gather)."""
+
+    name: str
+    value: Any
+    view: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """The exported tensors of each bucket, in export order, and the bytes of one export."""
+
+    buckets: list[list[PlannedTensor]]
+    total_bytes: int
+
+
+def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: int,
+                dtype: torch.dtype | None) -> CopyPlan | None:
+    """The bucket layout of a full export of ``model``, or None when an export needs more than
+    copies (a handler that converts, a dtype change, a parameter sharded otherwise than in equal
+    row blocks, or one larger than a bucket).
+
+    Depends only on the model and the arguments, so every rank decides the same and issues the
+    same all-gathers in the same order; ``bucket`` is None on ranks that only help gather.
+    """
+    ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype)
+    buckets: list[list[PlannedTensor]] = [[]]
+    used = total = 0
+    for name, value in exported_entries(model):
+        shape = tuple(value.shape)
+        nbytes = value.numel() * value.element_size()
+        if ((is_sharded(value) and not gathers_rows_directly(value)) or nbytes > bucket_bytes
+                or (dtype is not None and value.dtype != dtype)
+                or not passes_through(name, shape, value.dtype, ctx)):
+            return None
+        start = -(-used // ALIGN) * ALIGN
+        if start + nbytes > bucket_bytes:
+            buckets.append([])
+            start = 0
+        view = None
+        if bucket is not None:
+            view = bucket.buffer[start:start + nbytes].view(value.dtype).view(shape)
+        buckets[-1].append(PlannedTensor(name, value, view))
+        used, total = start + nbytes, total + nbytes
+    return CopyPlan([b for b in buckets if b], total)
+
+
+def fill_bucket(planned: list[PlannedTensor]) -> None:
+    """Write one bucket's tensors into their places, asynchronously on the current stream.
+
+    A collective when the model is sharded: every rank calls it for the same bucket.
+    """
+    targets, sources = [], []
+    for item in planned:
+        value = item.value
+        if is_sharded(value):
+            if item.view is None or item.view.device == value.device:
+                gather_rows_into(value, out=item.view)
+            else:  # a host bucket: gather on the device, then one copy per byte to the host
+                item.view.copy_(gather_rows_into(value), non_blocking=True)
+        elif item.view is not None:
+            targets.append(item.view)
+            sources.append(value.to_local().detach() if hasattr(value, "to_local") else value.detach())
+    copy_tensors(targets, sources)
