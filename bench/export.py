@@ -16,6 +16,7 @@ host).
 
     python3 bench/export.py --out $OUT/export.json           # all 24 layers, 41.8 GB
     torchrun --nproc-per-node 2 bench/export.py --out $OUT/export_2gpu.json   # FSDP2 over 2 GPUs
+    python3 bench/export.py --layers 12 --master-dtype float32 --export-dtype bfloat16  # RL sync
     python3 bench/export.py --tiny                           # CPU smoke test
 """
 
@@ -150,15 +151,17 @@ def model_copy_rates(model: torch.nn.Module, repeats: int) -> dict[str, float]:
 
 
 def naive_export(model: torch.nn.Module, skeleton: torch.nn.Module, sink: HandoffSink | None, *,
-                 to_host: bool) -> None:
-    """The whole state dict gathered at once (on every rank), then renamed to HF layout, then
-    handed over by rank 0."""
+                 to_host: bool, dtype: torch.dtype | None) -> None:
+    """The whole state dict gathered at once (on every rank), then renamed to HF layout (and cast
+    to ``dtype``), then handed over by rank 0."""
     from transformers.core_model_loading import revert_weight_conversion
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     if sink is None:
         return
     renamed = revert_weight_conversion(skeleton, full)
+    if dtype is not None:
+        renamed = {k: v.to(dtype) for k, v in renamed.items()}
     if to_host:
         renamed = {k: v.to("cpu") for k, v in renamed.items()}
     sink.begin()
@@ -171,22 +174,30 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--bucket-mb", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--master-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                        help="dtype of the trained weights")
+    parser.add_argument("--export-dtype", default=None, choices=["bfloat16", "float32"],
+                        help="dtype the sink receives (default: the master dtype)")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     device = torch.device("cpu" if args.tiny else "cuda")
     env = init_distributed(device_preference=device.type)
     shapes = {} if args.tiny else {**GPT_OSS_20B, "num_hidden_layers": args.layers}
-    cfg = compose(["model.preset=tiny-gpt-oss", "model.dtype=bfloat16", f"engine.device={device.type}",
+    cfg = compose(["model.preset=tiny-gpt-oss", f"model.dtype={args.master_dtype}",
+                   f"engine.device={device.type}",
                    *[f"+model.overrides.{k}={v}" for k, v in shapes.items()]])
     model, family = build_model(cfg.model, device=device)
     model = parallelize(model, family, cfg=cfg, mesh=env.mesh, device=device)
     skeleton = meta_skeleton(model)
-    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # model_bytes: what the sink receives (in the export dtype); all GB/s are of these bytes
+    cast = None if args.export_dtype in (None, args.master_dtype) else getattr(torch, args.export_dtype)
+    model_bytes = sum(p.numel() * (cast or p.dtype).itemsize for p in model.parameters())
     bucket = (args.bucket_mb if not args.tiny else 1) << 20
     result = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if
               device.type == "cuda" else "cpu", "torch": torch.__version__, "layers": args.layers,
-              "world_size": env.world_size,
+              "world_size": env.world_size, "master_dtype": args.master_dtype,
+              "export_dtype": args.export_dtype or args.master_dtype,
               "model_gb": model_bytes / 1e9, "bucket_mb": bucket >> 20,
               "largest_tensor_gib": max(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
               **copy_rates(device, 4 << 30 if device.type == "cuda" else 64 << 20, args.repeats),
@@ -201,20 +212,21 @@ def main() -> None:
             print(json.dumps(entry), flush=True)
 
     def exporter(bucket_device: torch.device) -> WeightExporter:
-        return WeightExporter(model, bucket_bytes=bucket, dtype=None, delta=False,
+        return WeightExporter(model, bucket_bytes=bucket, dtype=cast, delta=False,
                               is_main=env.is_main, bucket_device=bucket_device)
 
     def with_consumer():
         destination = {n: torch.empty_like(t) for n, t in
-                       hf_tensors(model, dtype=None, is_main=env.is_main)}
+                       hf_tensors(model, dtype=cast, is_main=env.is_main)}
         return partial(exporter(device).export, HandoffSink(destination) if env.is_main else None)
 
     sink = HandoffSink() if env.is_main else None
     row("graft -> device sink", lambda: partial(exporter(device).export, sink))
     row("graft -> device sink + consumer copy", with_consumer)
     row("graft -> pinned host", lambda: partial(exporter(torch.device("cpu")).export, sink))
-    row("naive -> device sink", lambda: partial(naive_export, model, skeleton, sink, to_host=False))
-    row("naive -> host", lambda: partial(naive_export, model, skeleton, sink, to_host=True))
+    naive = partial(naive_export, model, skeleton, sink, dtype=cast)
+    row("naive -> device sink", lambda: partial(naive, to_host=False))
+    row("naive -> host", lambda: partial(naive, to_host=True))
     if env.is_main:
         report(result, args.out)
 

@@ -1,5 +1,7 @@
-"""Export under FSDP2 over two gloo ranks gives exactly the unsharded model's tensors, both
-through the copy plan (equal row blocks) and through the per-parameter path (uneven shards)."""
+"""Export under FSDP2 gives exactly the unsharded model's tensors: on two gloo ranks through the
+copy plan (equal row blocks) and through the per-parameter path (uneven shards), on one rank
+through the copy plan; in the trained dtype and cast to bf16 (each rank casts its shard before
+the gather)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,14 @@ import torch
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "export_sharded.py"
 
 
-@pytest.mark.parametrize(("vocab_size", "planned"), [(128, True), (129, False)])
-def test_two_rank_export_equals_the_unsharded_tensors(tmp_path: Path, vocab_size: int,
-                                                      planned: bool) -> None:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(SCRIPT), str(tmp_path), str(vocab_size)]
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize(("ranks", "vocab_size", "planned"),
+                         [(2, 128, True), (2, 129, False), (1, 129, True)])
+def test_sharded_export_equals_the_unsharded_tensors(tmp_path: Path, ranks: int, vocab_size: int,
+                                                     planned: bool, dtype: str) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={ranks}",
+               str(SCRIPT), str(tmp_path), str(vocab_size), dtype]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     saved = torch.load(tmp_path / "export.pt")
@@ -26,4 +31,5 @@ def test_two_rank_export_equals_the_unsharded_tensors(tmp_path: Path, vocab_size
     weights, reference = saved["weights"], saved["reference"]
     assert weights.keys() == reference.keys()
     for name, tensor in reference.items():
+        assert weights[name].dtype == getattr(torch, dtype), name
         assert torch.equal(weights[name], tensor), name

@@ -1,9 +1,10 @@
 """`CopyPlan`: a full export that is nothing but copies and all-gathers, laid out once.
 
-When every handler passes its parameter through unchanged, no dtype changes and no delta is kept,
-an export needs no per-tensor decisions: each parameter has a fixed place in one of the buckets.
-Parameters split in row blocks over the ranks are all-gathered straight into that place (one write
-per byte, no temporary); the others are copied, large ones one by one, small ones together.
+When every handler passes its parameter through unchanged and no delta is kept, an export needs
+no per-tensor decisions: each parameter has a fixed place in one of the buckets. Parameters split
+in row blocks over the ranks are all-gathered straight into that place (one write per byte, no
+temporary; cast to the export dtype before the gather); the others are copied (and cast), large
+ones one by one, small ones together.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from graft.export.handlers import exported_entries, meta_skeleton, passes_throug
 
 @dataclass(frozen=True)
 class PlannedTensor:
-    """One exported tensor: its HF name, the live parameter and its place in the bucket (None on
-    ranks that only help gather)."""
+    """One exported tensor: its HF name, the live parameter, the exported dtype and its place in
+    the bucket (None on ranks that only help gather)."""
 
     name: str
     value: Any
+    dtype: torch.dtype
     view: torch.Tensor | None
 
 
@@ -39,9 +41,9 @@ class CopyPlan:
 
 def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: int,
                 dtype: torch.dtype | None) -> CopyPlan | None:
-    """The bucket layout of a full export of ``model``, or None when an export needs more than
-    copies (a handler that converts, a dtype change, a parameter sharded otherwise than in equal
-    row blocks, or one larger than a bucket).
+    """The bucket layout of a full export of ``model`` (floating-point tensors in ``dtype`` when
+    given), or None when an export needs more than copies (a handler that converts, a parameter
+    sharded otherwise than in equal row blocks, or one larger than a bucket).
 
     Depends only on the model and the arguments, so every rank decides the same and issues the
     same all-gathers in the same order; ``bucket`` is None on ranks that only help gather.
@@ -51,10 +53,10 @@ def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: 
     used = total = 0
     for name, value in exported_entries(model):
         shape = tuple(value.shape)
-        nbytes = value.numel() * value.element_size()
+        exported = dtype if dtype is not None and value.is_floating_point() else value.dtype
+        nbytes = value.numel() * exported.itemsize
         if ((is_sharded(value) and not gathers_rows_directly(value)) or nbytes > bucket_bytes
-                or (dtype is not None and value.dtype != dtype)
-                or not passes_through(name, shape, value.dtype, ctx)):
+                or not passes_through(name, shape, exported, ctx)):
             return None
         start = -(-used // ALIGN) * ALIGN
         if start + nbytes > bucket_bytes:
@@ -62,8 +64,8 @@ def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: 
             start = 0
         view = None
         if bucket is not None:
-            view = bucket.buffer[start:start + nbytes].view(value.dtype).view(shape)
-        buckets[-1].append(PlannedTensor(name, value, view))
+            view = bucket.buffer[start:start + nbytes].view(exported).view(shape)
+        buckets[-1].append(PlannedTensor(name, value, exported, view))
         used, total = start + nbytes, total + nbytes
     return CopyPlan([b for b in buckets if b], total)
 
@@ -78,9 +80,9 @@ def fill_bucket(planned: list[PlannedTensor]) -> None:
         value = item.value
         if is_sharded(value):
             if item.view is None or item.view.device == value.device:
-                gather_rows_into(value, out=item.view)
+                gather_rows_into(value, out=item.view, dtype=item.dtype)
             else:  # a host bucket: gather on the device, then one copy per byte to the host
-                item.view.copy_(gather_rows_into(value), non_blocking=True)
+                item.view.copy_(gather_rows_into(value, dtype=item.dtype), non_blocking=True)
         elif item.view is not None:
             targets.append(item.view)
             sources.append(value.to_local().detach() if hasattr(value, "to_local") else value.detach())

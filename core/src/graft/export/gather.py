@@ -22,26 +22,37 @@ def gathers_rows_directly(value: torch.Tensor) -> bool:
             and placements[0].dim == 0 and value.shape[0] % value.device_mesh.size() == 0)
 
 
-def gather_rows_into(value: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def gather_rows_into(value: torch.Tensor, out: torch.Tensor | None = None, *,
+                     dtype: torch.dtype | None = None) -> torch.Tensor:
     """All-gather a row-sharded DTensor (see `gathers_rows_directly`) into ``out`` (contiguous,
-    the full shape and dtype; a new tensor when None) and return it."""
-    local = value.to_local().detach().contiguous()
+    the full shape; a new tensor when None) and return it.
+
+    With ``dtype`` each rank casts its shard first, so the collective moves the exported bytes
+    (half of them for fp32 master weights exported as bf16); the result is the same as casting
+    the gathered tensor.
+    """
+    local = value.to_local().detach()
+    if dtype is not None and local.dtype != dtype:
+        local = local.to(dtype)
+    local = local.contiguous()
     if out is None:
         out = torch.empty(value.shape, dtype=local.dtype, device=local.device)
     dist.all_gather_into_tensor(out, local, group=value.device_mesh.get_group())
     return out
 
 
-def gather_full(value: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """The whole tensor from its shards, and whether it is a view of the live parameter.
+def gather_full(value: torch.Tensor, *, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, bool]:
+    """The whole tensor from its shards, cast to ``dtype`` if given and floating point, and
+    whether it is a view of the live parameter.
 
     A collective for DTensors sharded over several ranks (call it on every rank); on a one-rank
     mesh the local shard already is the whole tensor.
     """
-    if not hasattr(value, "full_tensor"):
-        return value.detach(), True
-    if value.device_mesh.size() == 1:
-        return value.to_local().detach(), True
+    cast = dtype if dtype is not None and value.is_floating_point() and value.dtype != dtype else None
+    if not hasattr(value, "full_tensor") or value.device_mesh.size() == 1:
+        whole = value.to_local().detach() if hasattr(value, "full_tensor") else value.detach()
+        return (whole.to(cast), False) if cast is not None else (whole, True)
     if gathers_rows_directly(value):
-        return gather_rows_into(value), False
-    return value.full_tensor().detach(), False
+        return gather_rows_into(value, dtype=cast), False
+    whole = value.full_tensor().detach()
+    return (whole.to(cast) if cast is not None else whole), False

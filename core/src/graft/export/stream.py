@@ -61,11 +61,9 @@ def _entries(model: torch.nn.Module, dtype: torch.dtype | None,
              is_main: bool) -> Iterator[tuple[str, torch.Tensor, bool]]:
     ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype)
     for name, value in exported_entries(model):
-        full, is_view = gather_full(value)
+        full, is_view = gather_full(value, dtype=dtype)
         if not is_main:
             continue
-        if dtype is not None and full.is_floating_point() and full.dtype != dtype:
-            full, is_view = full.to(dtype), False
         if passes_through(name, tuple(full.shape), full.dtype, ctx):
             yield name, full, is_view
         else:
