@@ -2,7 +2,8 @@
 path, into a device-side sink and into pinned host memory, in one run.
 
 Model: GPT-OSS-20B shapes (hidden 2880, 32 experts with MLP 2880, 64 heads / 8 KV, vocab 201088),
-``--layers`` of its 24 layers, random bf16 weights, FSDP2 over the GPUs of the run (one, or
+``--layers`` of its 24 layers, random weights (bf16, or ``--master-dtype``; exported in
+``--export-dtype``, GB/s count exported bytes), FSDP2 over the GPUs of the run (one, or
 several under torchrun; rank 0 exports, every rank helps gather). Sinks take buckets without
 copying them (as a CUDA-IPC or shared-memory hand-off to an inference engine would); the variant
 "+ consumer copy" also copies every tensor into preallocated destination tensors.
