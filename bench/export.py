@@ -31,12 +31,14 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
+import transformers
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from graft.config import compose
 from graft.engine.distributed import init_distributed
 from graft.engine.parallelize import parallelize
 from graft.export.bucket import copy_tensors
+from graft.export.gather import local_tensor
 from graft.export.handlers import meta_skeleton
 from graft.export.stream import WeightExporter, hf_tensors
 from graft.models.build import build_model
@@ -74,12 +76,12 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def measure(make, repeats: int, budget_seconds: float = 10.0) -> tuple[float, float]:
-    """Median seconds of the function ``make()`` returns, and the peak GiB allocated on top of
-    what was allocated before ``make`` (its buffers included).
+def measure(make, repeats: int, budget_seconds: float = 10.0) -> tuple[float, float, int]:
+    """Median seconds of the function ``make()`` returns, the peak GiB allocated on top of what
+    was allocated before ``make`` (its buffers included), and how many runs were timed.
 
-    After one warm-up it runs ``repeats`` times, fewer (at least 3) where that would take more
-    than ``budget_seconds``: the slow naive-to-host path would otherwise take minutes.
+    After one warm-up it runs ``repeats`` times, fewer (at least one) where that would take more
+    than ``budget_seconds``: the naive-to-host path (~30 s a run) would otherwise take minutes.
     """
     sync()
     base = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
@@ -92,14 +94,14 @@ def measure(make, repeats: int, budget_seconds: float = 10.0) -> tuple[float, fl
     sync()
     warm_up = time.perf_counter() - started
     times = []
-    for _ in range(agreed(max(3, min(repeats, int(budget_seconds / max(warm_up, 1e-6)))))):
+    for _ in range(agreed(max(1, min(repeats, int(budget_seconds / max(warm_up, 1e-6)))))):
         sync()
         started = time.perf_counter()
         fn()
         sync()
         times.append(time.perf_counter() - started)
     peak = (torch.cuda.max_memory_allocated() - base) / 2**30 if torch.cuda.is_available() else 0.0
-    return statistics.median(times), peak
+    return statistics.median(times), peak, len(times)
 
 
 def agreed(count: int) -> int:
@@ -116,15 +118,15 @@ def copy_rates(device: torch.device, nbytes: int, repeats: int) -> dict[str, flo
     several ranks an all-gather of the same size (GB/s of the gathered bytes)."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
-    seconds, _ = measure(lambda: lambda: dst.copy_(src), repeats)
+    seconds, _, _ = measure(lambda: lambda: dst.copy_(src), repeats)
     rates = {"device_copy_gb_per_s": nbytes / seconds / 1e9}
     if device.type == "cuda":
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        seconds, _ = measure(lambda: lambda: host.copy_(src, non_blocking=True), repeats)
+        seconds, _, _ = measure(lambda: lambda: host.copy_(src, non_blocking=True), repeats)
         rates["d2h_pinned_gb_per_s"] = nbytes / seconds / 1e9
     if dist.get_world_size() > 1:
         shard = src[:nbytes // dist.get_world_size()]
-        seconds, _ = measure(lambda: lambda: dist.all_gather_into_tensor(dst, shard), repeats)
+        seconds, _, _ = measure(lambda: lambda: dist.all_gather_into_tensor(dst, shard), repeats)
         rates["all_gather_gb_per_s"] = nbytes / seconds / 1e9
     return rates
 
@@ -132,7 +134,7 @@ def copy_rates(device: torch.device, nbytes: int, repeats: int) -> dict[str, flo
 def model_copy_rates(model: torch.nn.Module, repeats: int) -> dict[str, float]:
     """The model's own tensors (this rank's shards) copied into a flat buffer, no export logic:
     one ``copy_`` per tensor, and one multi-tensor ``_foreach_copy_`` (GB/s of copied bytes)."""
-    sources = [p.to_local().detach() if hasattr(p, "to_local") else p.detach() for p in model.parameters()]
+    sources = [local_tensor(p) for p in model.parameters()]
     flat = torch.empty(sum(s.numel() * s.element_size() for s in sources), dtype=torch.uint8,
                        device=sources[0].device)
     targets, start = [], 0
@@ -145,8 +147,8 @@ def model_copy_rates(model: torch.nn.Module, repeats: int) -> dict[str, float]:
         for target, source in zip(targets, sources, strict=True):
             target.copy_(source, non_blocking=True)
 
-    each, _ = measure(lambda: one_by_one, repeats)
-    together, _ = measure(lambda: lambda: torch._foreach_copy_(targets, sources), repeats)
+    each, _, _ = measure(lambda: one_by_one, repeats)
+    together, _, _ = measure(lambda: lambda: torch._foreach_copy_(targets, sources), repeats)
     return {"model_copy_each_gb_per_s": start / each / 1e9,
             "model_foreach_copy_gb_per_s": start / together / 1e9}
 
@@ -197,7 +199,8 @@ def main() -> None:
     bucket = (args.bucket_mb if not args.tiny else 1) << 20
     result = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if
               device.type == "cuda" else "cpu", "torch": torch.__version__, "layers": args.layers,
-              "world_size": env.world_size, "master_dtype": args.master_dtype,
+              "transformers": transformers.__version__, "world_size": env.world_size,
+              "master_dtype": args.master_dtype,
               "export_dtype": args.export_dtype or args.master_dtype,
               "model_gb": model_bytes / 1e9, "bucket_mb": bucket >> 20,
               "largest_tensor_gib": max(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
@@ -205,8 +208,8 @@ def main() -> None:
               **model_copy_rates(model, args.repeats), "rows": []}
 
     def row(name: str, make) -> None:
-        seconds, peak = measure(make, args.repeats)
-        entry = {"variant": name, "seconds": round(seconds, 4),
+        seconds, peak, timed = measure(make, args.repeats)
+        entry = {"variant": name, "seconds": round(seconds, 4), "repeats": timed,
                  "gb_per_s": round(model_bytes / seconds / 1e9, 1), "peak_extra_gib": round(peak, 2)}
         result["rows"].append(entry)
         if env.is_main:

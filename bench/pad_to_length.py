@@ -5,7 +5,7 @@ and balanced by workload, as `graft train` does) runs forward+backward through a
 decoder blocks are compiled with ``torch.compile(dynamic=False)``. CPU is fine: compile cost,
 not speed, is what is measured.
 
-    python bench/pad_to_length.py --steps 3 --out bench/results/pad_to_length.json
+    python3 bench/pad_to_length.py --steps 8 --out bench/results/pad_to_length.json
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from graft.training.trainer import build_engine
 
 
 def rl_stream(steps: int, batch: int, seed: int) -> list[list[TokenSample]]:
-    """Per step, ``batch`` samples: prompt 32-160 tokens, response lognormal (median ~256)."""
+    """Per step, ``batch`` samples: prompt 32-160 tokens, response lognormal (median ~245, e^5.5)."""
     rng = random.Random(seed)
     out = []
     for _ in range(steps):

@@ -17,7 +17,6 @@ import torch
 from graft.config import compose
 from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.engine.parallelize import parallelize
-from graft.export.copy_plan import plan_copies
 from graft.export.sinks.state_dict import StateDictSink
 from graft.export.stream import WeightExporter, hf_tensors
 from graft.models.build import build_model
@@ -37,7 +36,7 @@ def main(out_dir: str, vocab_size: int, dtype_name: str) -> None:
                               is_main=env.is_main)
     sink = StateDictSink() if env.is_main else None
     stats = [exporter.export(sink) for _ in range(2)]  # the second one reuses the plan
-    planned = plan_copies(model, bucket=None, bucket_bytes=BUCKET_BYTES, dtype=dtype) is not None
+    planned = exporter.copy_plan is not None
     if env.is_main:
         torch.save({"weights": sink.weights, "reference": reference, "planned": planned,
                     "buckets": [s.buckets for s in stats]}, Path(out_dir) / "export.pt")

@@ -36,7 +36,7 @@ def vllm_prompt_logprobs(llm, ids: list[int]) -> torch.Tensor:
 
 def trainer_logprobs(trainer: Trainer) -> torch.Tensor:
     batches = trainer.engine.micro_batches([TokenSample(PROMPT, 1)])
-    return trainer.engine.logprobs(batches)[0][0][:-1]
+    return batches[0].layout.unpad(trainer.engine.logprobs(batches)[0])[0][:-1]
 
 
 def main(out: str, preset: str, delta: bool) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,6 @@ from torch.distributed.fsdp import FSDPModule
 
 from graft.config import compose
 from graft.losses.registry import loss_agg_mode_names, policy_loss_names
-from graft.plugins import get_plugin_manager
 from graft.training.trainer import Trainer
 
 
@@ -18,7 +16,6 @@ from graft.training.trainer import Trainer
 def demo(plugin_sites: dict[str, Path], monkeypatch: pytest.MonkeyPatch, graft_plugin,
          clean_env: None):
     """The demo plugin registered in this process; returns a function reading its call log."""
-    get_plugin_manager()  # load this process's plugins before the demo site is importable
     monkeypatch.syspath_prepend(str(plugin_sites["demo"]))
     import graft_demo.plugin as plugin
 
@@ -55,10 +52,10 @@ def test_hook_graft_step_begin_fires_every_step(demo, tmp_path: Path) -> None:
     assert [c[1] for c in demo("step_begin")] == [1, 2, 3]
 
 
-def test_hook_graft_step_end_metrics_reach_metrics_jsonl(demo, tmp_path: Path) -> None:
+def test_hook_graft_step_end_metrics_reach_metrics_jsonl(demo, metrics_of, tmp_path: Path) -> None:
     run(tmp_path, steps=2)
     assert [c[1] for c in demo("step_end")] == [1, 2]
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_of(tmp_path)
     assert [row["demo/steps_seen"] for row in rows] == [1.0, 2.0]
 
 
@@ -69,10 +66,10 @@ def test_hook_graft_loss_agg_modes_extend_validation(demo) -> None:
     assert compose(["loss.loss_agg_mode=demo-max"]).loss.loss_agg_mode == "demo-max"
 
 
-def test_hook_graft_loss_aggregate_plugin_mode_trains(demo, tmp_path: Path) -> None:
+def test_hook_graft_loss_aggregate_plugin_mode_trains(demo, metrics_of, tmp_path: Path) -> None:
     run(tmp_path, "loss.loss_agg_mode=demo-max")
     assert demo("loss_aggregate")
-    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+    assert [row["step"] for row in metrics_of(tmp_path)] == [1, 2]
 
 
 def test_hook_graft_policy_losses_register_names(demo) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import uuid
 from pathlib import Path
 
 from graft.errors import CheckpointError
@@ -90,18 +91,25 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return sorted((p for p in root.iterdir() if p.is_dir() and _STEP.match(p.name)), key=step_of)
 
 
-def publish(tmp: Path, final: Path) -> None:
-    """Move a fully written checkpoint into place, then point ``latest`` at it."""
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Make the fully written folder ``tmp`` durable and move it to ``final``, replacing what is
+    there: at every moment ``final`` is either the old folder or the new one, never a mix."""
     fsync_tree(tmp)
     replaced = None
-    if final.exists():  # a re-save of the same step (after resuming from an older checkpoint)
-        replaced = final.with_name(f"{TMP_PREFIX}replaced-{final.name}")
+    if final.exists():
+        replaced = final.with_name(f"{TMP_PREFIX}replaced-{final.name}-{uuid.uuid4().hex[:8]}")
         os.replace(final, replaced)
     os.replace(tmp, final)
     fsync_path(final.parent)
-    write_atomically(final.parent / LATEST, final.name + "\n")
     if replaced is not None:
         shutil.rmtree(replaced, ignore_errors=True)
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Move a fully written checkpoint into place (replacing a re-save of the same step, after
+    resuming from an older checkpoint), then point ``latest`` at it."""
+    replace_dir(tmp, final)
+    write_atomically(final.parent / LATEST, final.name + "\n")
 
 
 def prune(run_dir: Path, keep_last: int) -> list[Path]:

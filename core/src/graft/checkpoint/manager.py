@@ -11,15 +11,13 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -30,8 +28,14 @@ from graft._version import __version__
 from graft.checkpoint import layout
 from graft.checkpoint.context import LoadContext
 from graft.checkpoint.manifest import build_manifest, verify_files, write_manifest
+from graft.checkpoint.reader import resolve_checkpoint
 from graft.checkpoint.rng import capture_rng_state, restore_rng_state
-from graft.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner, read_metadata
+from graft.checkpoint.safe_io import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    dcp_failures,
+    read_metadata,
+)
 from graft.engine.distributed import DistEnv, broadcast_object
 from graft.errors import CheckpointError
 from graft.plugins import get_plugin_manager
@@ -40,17 +44,9 @@ logger = logging.getLogger("graft.checkpoint")
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-@contextmanager
-def _reported(action: str) -> Iterator[None]:
-    """Turn DCP's failures (a BaseException carrying every rank's traceback) into a clear error."""
-    try:
-        yield
-    except CheckpointError:
-        raise
-    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported with its cause
-        detail = str(exc).strip().splitlines()[-1]
-        raise CheckpointError(f"{action} failed: {detail}. The checkpoint named by "
-                              f"checkpoints/latest is untouched.") from exc
+def _reported(action: str) -> AbstractContextManager[None]:
+    """`dcp_failures` for this manager's saves and loads, which never move checkpoints/latest."""
+    return dcp_failures(action, note="The checkpoint named by checkpoints/latest is untouched.")
 
 
 def _barrier() -> None:
@@ -139,16 +135,11 @@ class CheckpointManager:
             return None
         if resume == "auto":
             return layout.read_latest(self.run_dir)
-        path = Path(resume).expanduser()
-        if layout.checkpoints_dir(path).is_dir():  # a run directory: its latest checkpoint
-            latest = layout.read_latest(path)
-            if latest is None:
-                raise CheckpointError(f"checkpoint.resume={resume!r}: that run has no checkpoint")
-            return latest
-        if not path.is_dir():
-            raise CheckpointError(f"checkpoint.resume={resume!r} does not exist (give a "
-                                  f"checkpoint folder step_<N>, a run directory, auto or never)")
-        return path
+        try:
+            return resolve_checkpoint(resume)
+        except CheckpointError as exc:
+            raise CheckpointError(f"checkpoint.resume={resume!r}: {exc} (give a checkpoint "
+                                  f"folder step_<N>, a run directory, auto or never)") from exc
 
     def load(self, path: Path, *, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer) -> dict[str, Any]:

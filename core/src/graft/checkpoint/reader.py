@@ -14,12 +14,17 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from graft.checkpoint import layout
+from graft.checkpoint.backfill import parameter_of
 from graft.checkpoint.manifest import read_manifest
-from graft.checkpoint.safe_io import SafeFileSystemReader, SafeLoadPlanner, read_metadata
+from graft.checkpoint.safe_io import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    dcp_failures,
+    read_metadata,
+)
 from graft.errors import CheckpointError
 
 
@@ -62,7 +67,7 @@ def summarize(path: Path) -> CheckpointSummary:
         raise CheckpointError(f"{path / 'trainer.json'} is missing or corrupted: {exc}") from exc
     files = read_manifest(path)
     params = {k[len("model."):]: v for k, v in metadata.items() if k.startswith("model.")}
-    with_state = {k[len("optim.state."):].rsplit(".", 1)[0] for k in metadata
+    with_state = {parameter_of(k.removeprefix("optim.")) for k in metadata
                   if k.startswith("optim.state.")}
     config = path / "config.yaml"
     return CheckpointSummary(
@@ -84,15 +89,10 @@ def load_tensors(path: Path, prefix: str = "model.") -> dict[str, torch.Tensor]:
               if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)}
     if not wanted:
         raise CheckpointError(f"checkpoint {path} holds no tensors under {prefix!r}")
-    try:
-        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(wanted, storage_reader=SafeFileSystemReader(str(path)),
-                     planner=SafeLoadPlanner(), no_dist=True)
-    except CheckpointError:
-        raise
-    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP raises many types
-        raise CheckpointError(f"checkpoint {path}: cannot read its shards: {exc}") from exc
+    with dcp_failures(f"reading the shards of checkpoint {path}"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "assuming ... load in a single process"
+        dcp.load(wanted, storage_reader=SafeFileSystemReader(str(path)),
+                 planner=SafeLoadPlanner(), no_dist=True)
     return {k[len(prefix):]: v for k, v in wanted.items()}
 
 

@@ -3,19 +3,23 @@
 ``torch.distributed.checkpoint`` unpickles ``.metadata`` with plain ``pickle`` and non-tensor
 values with ``torch.load(weights_only=False)``: a crafted checkpoint could execute anything.
 Graft reads the metadata with an unpickler that only rebuilds DCP's own metadata classes, and
-non-tensor values with ``weights_only=True``.
+non-tensor values with ``weights_only=True``. `dcp_failures` turns DCP's errors into a
+`CheckpointError` for every caller that reads or writes shards.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
@@ -26,6 +30,24 @@ _DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.chec
 _ALLOWED = {("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
             ("torch", "Size"), ("torch.serialization", "_get_layout"),
             ("collections", "OrderedDict")}
+
+
+@contextmanager
+def dcp_failures(action: str, *, note: str = "") -> Iterator[None]:
+    """Around a DCP save or load: any failure becomes ``CheckpointError("<action> failed:
+    <last line of the cause>. <note>")``; a `CheckpointError` passes unchanged.
+
+    DCP raises `CheckpointException` (a BaseException, not an Exception) carrying every rank's
+    traceback; only its last line is shown, the whole cause stays chained.
+    """
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported with its cause
+        lines = str(exc).strip().splitlines()
+        detail = lines[-1] if lines else type(exc).__name__  # some errors carry no message
+        raise CheckpointError(f"{action} failed: {detail}." + (f" {note}" if note else "")) from exc
 
 
 class _MetadataUnpickler(pickle.Unpickler):

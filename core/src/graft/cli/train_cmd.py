@@ -48,13 +48,11 @@ def run(args: argparse.Namespace) -> int:
     if (args.nproc or torchrun_args) and "LOCAL_RANK" not in os.environ:
         return launch_torchrun(args, torchrun_args)
     _quiet_non_main_ranks()
-    from graft.engine.distributed import end_torchrun_worker, shutdown_distributed
-    from graft.training.trainer import Trainer
+    from graft.engine.distributed import end_torchrun_worker
+    from graft.training.api import train
 
-    try:
-        Trainer(cfg).fit()
-    finally:
-        shutdown_distributed()
+    train(cfg)
+    # Only after success: a failing rank must raise and exit non-zero so torchrun reports it.
     end_torchrun_worker()
     return 0
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -15,12 +15,17 @@ class EpochSampler:
     shuffle: bool = True
     epoch: int = 0
     offset: int = 0
+    # (epoch, its permutation): one shuffle per epoch, not one per batch.
+    _cached: tuple[int, list[int]] | None = field(default=None, init=False, repr=False,
+                                                 compare=False)
 
     def _order(self, epoch: int) -> list[int]:
-        order = list(range(self.num_samples))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order
+        if self._cached is None or self._cached[0] != epoch:
+            order = list(range(self.num_samples))
+            if self.shuffle:
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._cached = (epoch, order)
+        return self._cached[1]
 
     def next_batch(self, size: int) -> list[int]:
         """The next ``size`` indices, continuing into the next epoch when this one runs out."""
@@ -43,3 +48,4 @@ class EpochSampler:
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a saved position."""
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        self._cached = None

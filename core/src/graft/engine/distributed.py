@@ -26,7 +26,6 @@ class DistEnv:
 
     rank: int
     world_size: int
-    local_rank: int
     device: torch.device
     mesh: DeviceMesh
 
@@ -72,7 +71,7 @@ def init_distributed(*, device_preference: str = "auto", ep_size: int = 1) -> Di
                           f"plugin that implements it (for GPT-OSS: graft-gpt-oss); the core "
                           f"trains with ep_size=1")
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
-    return DistEnv(dist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", 0)), device, mesh)
+    return DistEnv(dist.get_rank(), world_size, device, mesh)
 
 
 def shutdown_distributed() -> None:
@@ -90,7 +89,8 @@ def shutdown_distributed() -> None:
 
 
 def end_torchrun_worker() -> None:
-    """Leave a torchrun worker after a successful run without interpreter teardown.
+    """Leave a torchrun worker after a successful run (and `shutdown_distributed`) without
+    interpreter teardown.
 
     Even with the group destroyed, threads that gloo and FSDP2 leave behind occasionally abort
     the process while C++ statics are destroyed ("terminate called without an active
@@ -100,7 +100,6 @@ def end_torchrun_worker() -> None:
     """
     if "LOCAL_RANK" not in os.environ:
         return
-    shutdown_distributed()
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -21,10 +21,15 @@ def workload(length: int, linear_weight: int) -> int:
 
 
 def footprint(lengths: Sequence[int], *, packs_sequences: bool) -> int:
-    """Tokens a micro-batch occupies: the sum when packed, else rows x longest (padded rows)."""
-    if not lengths:
-        return 0
-    return sum(lengths) if packs_sequences else len(lengths) * max(lengths)
+    """Tokens a micro-batch of samples of ``lengths`` occupies (0 when empty)."""
+    return _footprint(len(lengths), sum(lengths), max(lengths, default=0),
+                      packs_sequences=packs_sequences)
+
+
+def _footprint(samples: int, total: int, longest: int, *, packs_sequences: bool) -> int:
+    """The fit rule from a group's running counts: the sum when packed, else rows x longest
+    (every sample its own row, padded to the longest)."""
+    return total if packs_sequences else samples * longest
 
 
 def plan_micro_batches(lengths: Sequence[int], *, token_budget: int, packs_sequences: bool,
@@ -57,11 +62,10 @@ def _assign(order: Sequence[int], lengths: Sequence[int], count: int, token_budg
     longest = [0] * count
     for index in order:
         length = lengths[index]
-        if packs_sequences:
-            fitting = [g for g in range(count) if totals[g] + length <= token_budget]
-        else:
-            fitting = [g for g in range(count)
-                       if (len(groups[g]) + 1) * max(longest[g], length) <= token_budget]
+        # The group's footprint with this sample added, from running counts (O(1) per check).
+        fitting = [g for g in range(count)
+                   if _footprint(len(groups[g]) + 1, totals[g] + length, max(longest[g], length),
+                                 packs_sequences=packs_sequences) <= token_budget]
         if not fitting:
             return None
         target = min(fitting, key=lambda g: (loads[g], g))

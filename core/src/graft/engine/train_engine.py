@@ -144,15 +144,20 @@ class TrainEngine:
         return PendingUpdate(loss_total, tokens, sums, ctx)
 
     @torch.no_grad()
-    def logprobs(self, micro_batches: Sequence[MicroBatch]) -> list[list[torch.Tensor]]:
-        """Per-sample label log-probabilities (CPU, fp32) under the current weights, no grad."""
+    def logprobs(self, micro_batches: Sequence[MicroBatch]) -> list[torch.Tensor]:
+        """Label log-probabilities under the current weights, no grad: one CPU fp32 ``(R, L)``
+        grid per micro-batch, laid out like its tensors (``layout.unpad`` gives per sample).
+
+        Pad positions hold the log-prob of the pad label, not 0: mask them (``loss_mask``, or
+        ``to_sequences``, which zeroes them) before use.
+        """
         self.model.eval()
         out = []
         for cpu_batch in micro_batches:
             batch = cpu_batch.to(self.env.device)
             logp, _ = forward_logprobs(self.model, self.family, batch,
                                        compute_dtype=self.compute_dtype)
-            out.append([t.float().cpu() for t in batch.layout.unpad(logp)])
+            out.append(logp.cpu())  # one device-to-host copy per micro-batch (logp is fp32)
         return out
 
     def optimizer_step(self) -> torch.Tensor:

@@ -11,6 +11,11 @@ ALIGN = 64  # bytes; keeps every view aligned for any dtype
 SEPARATE_COPY_BYTES = 1 << 20
 
 
+def aligned(offset: int) -> int:
+    """``offset`` rounded up to the next multiple of `ALIGN` bytes."""
+    return -(-offset // ALIGN) * ALIGN
+
+
 def copy_tensors(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
     """``targets[i].copy_(sources[i])`` for all i, asynchronously, at the best bandwidth:
     small tensors in one multi-tensor copy, large ones as separate copies."""
@@ -45,7 +50,7 @@ class Bucket:
         parameters), never for temporaries.
         """
         nbytes = tensor.numel() * tensor.element_size()
-        start = -(-self.used // ALIGN) * ALIGN
+        start = aligned(self.used)
         if start + nbytes > self.capacity:
             return False
         target = self.buffer[start:start + nbytes].view(tensor.dtype).view(tensor.shape)
@@ -73,6 +78,12 @@ class Bucket:
             nbytes = shape.numel() * dtype.itemsize
             out.append((name, self.buffer[start:start + nbytes].view(dtype).view(shape)))
         return out
+
+    def wait(self) -> None:
+        """Block until queued device-to-host copies into a host buffer are done (a sink reads it
+        from the CPU); device buffers need no wait, sinks work on the same stream."""
+        if self.buffer.device.type == "cpu" and torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()
 
     def clear(self) -> None:
         """Forget the contents; the buffer is reused."""

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from graft.export.bucket import ALIGN, Bucket, copy_tensors
+from graft.export.bucket import Bucket, aligned, copy_tensors
 from graft.export.context import ExportContext
-from graft.export.gather import gather_rows_into, gathers_rows_directly, is_sharded
+from graft.export.gather import gather_rows_into, gathers_rows_directly, is_sharded, local_tensor
 from graft.export.handlers import exported_entries, meta_skeleton, passes_through
 
 
@@ -33,10 +33,9 @@ class PlannedTensor:
 
 @dataclass(frozen=True)
 class CopyPlan:
-    """The exported tensors of each bucket, in export order, and the bytes of one export."""
+    """The exported tensors of each bucket, in export order."""
 
     buckets: list[list[PlannedTensor]]
-    total_bytes: int
 
 
 def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: int,
@@ -50,7 +49,7 @@ def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: 
     """
     ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype)
     buckets: list[list[PlannedTensor]] = [[]]
-    used = total = 0
+    used = 0
     for name, value in exported_entries(model):
         shape = tuple(value.shape)
         exported = dtype if dtype is not None and value.is_floating_point() else value.dtype
@@ -58,7 +57,7 @@ def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: 
         if ((is_sharded(value) and not gathers_rows_directly(value)) or nbytes > bucket_bytes
                 or not passes_through(name, shape, exported, ctx)):
             return None
-        start = -(-used // ALIGN) * ALIGN
+        start = aligned(used)
         if start + nbytes > bucket_bytes:
             buckets.append([])
             start = 0
@@ -66,8 +65,8 @@ def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: 
         if bucket is not None:
             view = bucket.buffer[start:start + nbytes].view(exported).view(shape)
         buckets[-1].append(PlannedTensor(name, value, exported, view))
-        used, total = start + nbytes, total + nbytes
-    return CopyPlan([b for b in buckets if b], total)
+        used = start + nbytes
+    return CopyPlan([b for b in buckets if b])
 
 
 def fill_bucket(planned: list[PlannedTensor]) -> None:
@@ -85,5 +84,5 @@ def fill_bucket(planned: list[PlannedTensor]) -> None:
                 item.view.copy_(gather_rows_into(value, dtype=item.dtype), non_blocking=True)
         elif item.view is not None:
             targets.append(item.view)
-            sources.append(value.to_local().detach() if hasattr(value, "to_local") else value.detach())
+            sources.append(local_tensor(value))
     copy_tensors(targets, sources)

@@ -11,6 +11,11 @@ def is_sharded(value: torch.Tensor) -> bool:
     return hasattr(value, "full_tensor") and value.device_mesh.size() > 1
 
 
+def local_tensor(value: torch.Tensor) -> torch.Tensor:
+    """This rank's data of ``value`` (a DTensor's local shard, or the tensor), detached."""
+    return (value.to_local() if hasattr(value, "to_local") else value).detach()
+
+
 def gathers_rows_directly(value: torch.Tensor) -> bool:
     """True when ``value`` is split into equal row blocks over a 1-D mesh (FSDP2's ``Shard(0)``
     with a first dimension divisible by the mesh size): one all-gather then yields the whole
@@ -31,7 +36,7 @@ def gather_rows_into(value: torch.Tensor, out: torch.Tensor | None = None, *,
     (half of them for fp32 master weights exported as bf16); the result is the same as casting
     the gathered tensor.
     """
-    local = value.to_local().detach()
+    local = local_tensor(value)
     if dtype is not None and local.dtype != dtype:
         local = local.to(dtype)
     local = local.contiguous()
@@ -49,8 +54,8 @@ def gather_full(value: torch.Tensor, *, dtype: torch.dtype | None = None) -> tup
     mesh the local shard already is the whole tensor.
     """
     cast = dtype if dtype is not None and value.is_floating_point() and value.dtype != dtype else None
-    if not hasattr(value, "full_tensor") or value.device_mesh.size() == 1:
-        whole = value.to_local().detach() if hasattr(value, "full_tensor") else value.detach()
+    if not is_sharded(value):
+        whole = local_tensor(value)
         return (whole.to(cast), False) if cast is not None else (whole, True)
     if gathers_rows_directly(value):
         return gather_rows_into(value, dtype=cast), False

@@ -35,11 +35,10 @@ _SKELETONS: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module] = (
 def meta_skeleton(model: torch.nn.Module) -> torch.nn.Module:
     """An unsharded copy of ``model``'s architecture on the meta device (no memory), built once
     per model."""
-    from transformers import AutoModelForCausalLM
+    from graft.models.build import meta_model
 
     if model not in _SKELETONS:
-        with torch.device("meta"):
-            _SKELETONS[model] = AutoModelForCausalLM.from_config(model.config)
+        _SKELETONS[model] = meta_model(model.config)
     return _SKELETONS[model]
 
 
@@ -48,46 +47,45 @@ def export_slots(name: str, tensor: torch.Tensor, ctx: ExportContext) -> Pairs:
     return list(get_plugin_manager().hook.graft_export_slots(name=name, tensor=tensor, ctx=ctx))
 
 
-_SLOTS: dict[tuple[Any, ...], list[tuple[str, tuple[int, ...]]]] = {}
-
-
-def handler_plugins() -> tuple[str, ...]:
+def _handler_plugins() -> tuple[str, ...]:
     """The plugins implementing ``graft_export_slots`` now (part of every cache key)."""
     hook = get_plugin_manager().hook.graft_export_slots
     return tuple(impl.plugin_name for impl in hook.get_hookimpls())
 
 
-def enumerate_hf_slots(name: str, shape: tuple[int, ...], dtype: torch.dtype, ctx: ExportContext,
-                       handler: Handler = export_slots) -> list[tuple[str, tuple[int, ...]]]:
-    """``(hf_name, shape)`` of every entry ``handler`` makes from a parameter, in its order.
+_PROBES: dict[tuple[Any, ...], tuple[list[tuple[str, tuple[int, ...]]], bool]] = {}
+
+
+def _probe(name: str, shape: tuple[int, ...], dtype: torch.dtype, ctx: ExportContext,
+           handler: Handler) -> tuple[list[tuple[str, tuple[int, ...]]], bool]:
+    """What ``handler`` makes of a parameter: its ``(hf_name, shape)`` entries, and whether it
+    returns the parameter unchanged (same name, the very same tensor).
 
     Runs the handler on a meta tensor of the parameter's shape (no memory, no data), cached per
-    (handler, model type, name, shape, dtype, expert offset).
+    (plugins, handler, model type, name, shape, dtype, expert offset).
     """
-    key = (handler_plugins(), handler, ctx.model_type, name, tuple(shape), dtype,
+    key = (_handler_plugins(), handler, ctx.model_type, name, tuple(shape), dtype,
            ctx.expert_offset)
-    if key not in _SLOTS:
+    if key not in _PROBES:
         dummy = torch.empty(tuple(shape), dtype=dtype, device="meta")
-        _SLOTS[key] = [(hf_name, tuple(t.shape)) for hf_name, t in handler(name, dummy, ctx)]
-    return list(_SLOTS[key])
+        out = list(handler(name, dummy, ctx))
+        unchanged = len(out) == 1 and out[0][0] == name and out[0][1] is dummy
+        _PROBES[key] = ([(hf_name, tuple(t.shape)) for hf_name, t in out], unchanged)
+    return _PROBES[key]
 
 
-_PASSTHROUGH: dict[tuple[Any, ...], bool] = {}
+def enumerate_hf_slots(name: str, shape: tuple[int, ...], dtype: torch.dtype, ctx: ExportContext,
+                       handler: Handler = export_slots) -> list[tuple[str, tuple[int, ...]]]:
+    """``(hf_name, shape)`` of every entry ``handler`` makes from a parameter, in its order
+    (found on a meta tensor, cached)."""
+    return list(_probe(name, shape, dtype, ctx, handler)[0])
 
 
 def passes_through(name: str, shape: tuple[int, ...], dtype: torch.dtype,
                    ctx: ExportContext) -> bool:
-    """True when the handlers return a parameter unchanged (same name, the very same tensor).
-
-    Probed once per (model type, name, shape, dtype) on a meta tensor; such parameters skip
-    the handler call on real data, which keeps per-tensor overhead off the export's hot path.
-    """
-    key = (handler_plugins(), ctx.model_type, name, tuple(shape), dtype, ctx.expert_offset)
-    if key not in _PASSTHROUGH:
-        dummy = torch.empty(tuple(shape), dtype=dtype, device="meta")
-        out = export_slots(name, dummy, ctx)
-        _PASSTHROUGH[key] = len(out) == 1 and out[0][0] == name and out[0][1] is dummy
-    return _PASSTHROUGH[key]
+    """True when the handlers return a parameter unchanged (found on a meta tensor, cached);
+    such parameters skip the handler call on real data, off the export's hot path."""
+    return _probe(name, shape, dtype, ctx, export_slots)[1]
 
 
 def exported_entries(model: torch.nn.Module) -> list[tuple[str, Any]]:

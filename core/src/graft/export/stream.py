@@ -84,7 +84,11 @@ def hf_tensors(model: torch.nn.Module, *, dtype: torch.dtype | None,
 
 
 class WeightExporter:
-    """Exports a model to sinks again and again, keeping the delta snapshot between exports."""
+    """Exports a model to sinks again and again, keeping the delta snapshot between exports.
+
+    A full export whose handlers pass every parameter through follows a bucket layout computed
+    once (`graft.export.copy_plan`); any other export streams parameter by parameter.
+    """
 
     def __init__(self, model: torch.nn.Module, *, bucket_bytes: int, dtype: torch.dtype | None,
                  delta: bool, is_main: bool, bucket_device: torch.device | None = None) -> None:
@@ -94,29 +98,22 @@ class WeightExporter:
         self.tracker = DeltaTracker() if delta else None
         device = bucket_device or next(model.parameters()).device
         self.bucket = Bucket(bucket_bytes, device, pin=True) if is_main else None
-        self.bucket_bytes = bucket_bytes
-        self._copy_plan: CopyPlan | None = None
-        self._planned = False
+        self.copy_plan: CopyPlan | None = None
+        if not delta:
+            self.copy_plan = plan_copies(model, bucket=self.bucket, bucket_bytes=bucket_bytes,
+                                         dtype=dtype)
 
     def export(self, sink: WeightSink | None) -> ExportStats:
         """One full or delta export into ``sink`` (None on ranks that only help gather)."""
-        if not self._planned:
-            if self.tracker is None:
-                self._copy_plan = plan_copies(self.model, bucket=self.bucket,
-                                              bucket_bytes=self.bucket_bytes, dtype=self.dtype)
-            self._planned = True
-        if self._copy_plan is not None:
-            return self._export_copies(self._copy_plan, sink)
         stats = ExportStats(delta=self.tracker is not None and bool(self.tracker.snapshot))
         started = time.perf_counter()
         if sink is not None:
             sink.begin()
         try:
-            for hf_name, tensor, is_view in _entries(self.model, self.dtype, self.is_main):
-                stats.tensors += 1
-                stats.bytes_total += tensor.numel() * tensor.element_size()
-                self._route(sink, hf_name, tensor, is_view, stats)
-            self._flush(sink, stats)
+            if self.copy_plan is not None:
+                self._send_planned(self.copy_plan, sink, stats)
+            else:
+                self._send_streamed(sink, stats)
             if sink is not None:
                 sink.finish()
         except BaseException as error:
@@ -128,30 +125,20 @@ class WeightExporter:
         stats.seconds = time.perf_counter() - started
         return stats
 
-    def _export_copies(self, plan: CopyPlan, sink: WeightSink | None) -> ExportStats:
-        started = time.perf_counter()
-        stats = ExportStats(bytes_total=plan.total_bytes)
-        on_host = self.bucket is not None and self.bucket.buffer.device.type == "cpu"
-        if sink is not None:
-            sink.begin()
-        try:
-            for planned in plan.buckets:
-                fill_bucket(planned)
-                if on_host and torch.cuda.is_available():
-                    torch.cuda.current_stream().synchronize()
-                if sink is not None:
-                    sink.consume([(item.name, item.view) for item in planned])
+    def _send_planned(self, plan: CopyPlan, sink: WeightSink | None, stats: ExportStats) -> None:
+        for planned in plan.buckets:
+            fill_bucket(planned)  # on every rank: a collective when the model is sharded
+            if self.bucket is not None:  # the exporting rank
                 stats.tensors += len(planned)
-                stats.buckets += 1
-            if sink is not None:
-                sink.finish()
-        except BaseException as error:
-            if sink is not None:
-                sink.abort(error)
-            raise
-        stats.bytes_sent = plan.total_bytes
-        stats.seconds = time.perf_counter() - started
-        return stats
+                self._deliver(sink, [(item.name, item.view) for item in planned], stats)
+        stats.bytes_total = stats.bytes_sent
+
+    def _send_streamed(self, sink: WeightSink | None, stats: ExportStats) -> None:
+        for hf_name, tensor, is_view in _entries(self.model, self.dtype, self.is_main):
+            stats.tensors += 1
+            stats.bytes_total += tensor.numel() * tensor.element_size()
+            self._route(sink, hf_name, tensor, is_view, stats)
+        self._flush(sink, stats)
 
     def _route(self, sink: WeightSink | None, name: str, tensor: torch.Tensor, is_view: bool,
                stats: ExportStats) -> None:
@@ -181,8 +168,8 @@ class WeightExporter:
 
     def _deliver(self, sink: WeightSink | None, tensors: list[tuple[str, torch.Tensor]],
                  stats: ExportStats) -> None:
-        if self.bucket.buffer.device.type == "cpu" and torch.cuda.is_available():
-            torch.cuda.current_stream().synchronize()  # queued device-to-host copies
+        if self.bucket is not None:
+            self.bucket.wait()
         if sink is not None:
             sink.consume(tensors)
         stats.bytes_sent += sum(t.numel() * t.element_size() for _, t in tensors)

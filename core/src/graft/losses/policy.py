@@ -1,4 +1,5 @@
-"""Per-token policy losses built into the core: PPO clip with dual clip, and SFT's NLL.
+"""Per-token policy losses built into the core: PPO clip with dual clip (SFT's NLL is
+`graft.training.sft.sft_loss`).
 
 All functions take ``(num_sequences, max_len)`` fp32 tensors and return ``(loss_mat, metrics)``;
 ``metrics`` are per-token tensors the trainer averages over the mask.
@@ -36,8 +37,3 @@ def ppo_clip_loss(*, logp: torch.Tensor, old_logp: torch.Tensor, advantages: tor
         metrics["dual_clip_fraction"] = ((advantages < 0) & (floor < loss)).float()
         loss = torch.where(advantages < 0, dual, loss)
     return loss, metrics
-
-
-def sft_nll_loss(*, logp: torch.Tensor) -> torch.Tensor:
-    """Supervised fine-tuning: the negative log-likelihood of every target token."""
-    return -logp

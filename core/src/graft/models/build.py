@@ -35,16 +35,11 @@ def build_model(model_cfg: ModelConfig, *, seed: int = 0, device: torch.device |
     kwargs: dict[str, Any] = {"dtype": dtype}
     if model_cfg.attn_implementation:
         kwargs["attn_implementation"] = model_cfg.attn_implementation
+    config, family = resolve_config(model_cfg, manager)
     if model_cfg.path:
-        config = load_local_config(model_cfg.path)
-        apply_config_overrides(config, model_cfg.overrides)
-        family = family_for(config.model_type, manager)
         model = AutoModelForCausalLM.from_pretrained(model_cfg.path, config=config,
                                                      local_files_only=True, **kwargs)
     else:
-        family, factory = preset(model_cfg.preset, manager)
-        check_override_keys(factory(), model_cfg.overrides)
-        config = factory(**model_cfg.overrides)
         torch.manual_seed(seed)
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, **kwargs)
@@ -59,18 +54,32 @@ def build_model(model_cfg: ModelConfig, *, seed: int = 0, device: torch.device |
 
 def build_skeleton(model_cfg: ModelConfig) -> torch.nn.Module:
     """The model ``model_cfg`` describes on the meta device: its config and layout, no memory."""
+    return meta_model(resolve_config(model_cfg)[0])
+
+
+def meta_model(config: PretrainedConfig) -> torch.nn.Module:
+    """A ``*ForCausalLM`` of ``config`` on the meta device: parameter names and shapes, no data."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def resolve_config(model_cfg: ModelConfig, manager: GraftPluginManager | None = None
+                   ) -> tuple[PretrainedConfig, ModelFamily]:
+    """The HF config ``model_cfg`` describes, with ``model.overrides`` applied, and its family.
+
+    A local directory's ``config.json`` is read (no weights); a preset's factory is called with
+    the overrides, so derived fields follow them. Unknown override names are `ConfigError`s.
+    """
     if model_cfg.path:
         config = load_local_config(model_cfg.path)
         apply_config_overrides(config, model_cfg.overrides)
-    else:
-        _, factory = preset(model_cfg.preset)
-        check_override_keys(factory(), model_cfg.overrides)
-        config = factory(**model_cfg.overrides)
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return config, family_for(config.model_type, manager)
+    family, factory = preset(model_cfg.preset, manager)
+    check_override_keys(factory(), model_cfg.overrides)
+    return factory(**model_cfg.overrides), family
 
 
 def load_local_config(path: str) -> PretrainedConfig:

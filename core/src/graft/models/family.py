@@ -46,7 +46,9 @@ class ModelFamily:
         router_modules: the MoE router modules in layer order (routing replay); None for dense.
         parallelize: ``f(model, family, *, cfg, mesh, device) -> model`` replacing
             `graft.engine.parallelize.parallelize_standard` (e.g. to add expert parallelism);
-            compose the ``apply_*`` helpers of that module.
+            compose the ``apply_*`` helpers of that module, and call ``apply_pre_shard_hooks``
+            after activation checkpointing and before ``fully_shard`` (checked). The model
+            arrives on ``device``.
         extras: free-form data for plugins (export handlers, EP layouts), keyed by plugin name.
     """
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from graft.errors import ConfigError, PluginError, did_you_mean
+from graft.errors import ConfigError, did_you_mean
 from graft.models.builtin import BUILTIN_FAMILIES
 from graft.models.family import ModelFamily
 from graft.plugins import GraftPluginManager, get_plugin_manager
+from graft.plugins.registry import collect_named
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -20,20 +21,10 @@ def model_families(manager: GraftPluginManager | None = None) -> dict[str, Model
     Two plugins providing the same ``model_type`` is a `PluginError` naming both.
     """
     manager = manager or get_plugin_manager()
-    families = {family.model_type: family for family in BUILTIN_FAMILIES}
-    provided_by: dict[str, str] = {}
-    for impl in manager.hook.graft_model_families.get_hookimpls():
-        for family in impl.function() or []:
-            if not isinstance(family, ModelFamily):
-                raise PluginError(f"plugin {impl.plugin_name!r}: graft_model_families must return "
-                                  f"ModelFamily objects, got {family!r}")
-            if family.model_type in provided_by:
-                raise PluginError(f"plugins {provided_by[family.model_type]!r} and "
-                                  f"{impl.plugin_name!r} both provide the model family "
-                                  f"{family.model_type!r}; disable one (--disable-plugin)")
-            provided_by[family.model_type] = impl.plugin_name
-            families[family.model_type] = family
-    return families
+    provided = collect_named(manager.hook.graft_model_families, "model family",
+                             key=lambda family: family.model_type, expect=ModelFamily)
+    # A plugin's family replaces the built-in one of its model_type (keeping its position).
+    return {**{family.model_type: family for family in BUILTIN_FAMILIES}, **provided}
 
 
 def family_for(model_type: str, manager: GraftPluginManager | None = None) -> ModelFamily:

@@ -121,17 +121,23 @@ class RLJob:
                                     temperatures=[self.spec.temperature] * len(tokens))
 
     def _add_old_logprobs(self, engine: TrainEngine, batches: list[MicroBatch]) -> dict[str, float]:
-        """Recompute the sampled tokens' log-probs with the trainer (and the reference)."""
+        """Recompute the sampled tokens' log-probs with the trainer (and the reference).
+
+        The grids are stored as they come (pad positions hold real log-probs, not 0): the loss
+        reads them through ``to_sequences``, which zeroes the pad.
+        """
         diff_sum = count = 0.0
         for batch, old in zip(batches, engine.logprobs(batches), strict=True):
-            packed = batch.layout.pack(old, fill=0.0)
-            batch.tensors["old_logprobs"] = packed
+            batch.tensors["old_logprobs"] = old
             mask = batch.tensors["loss_mask"]
-            diff_sum += float(((packed - batch.tensors["rollout_logprobs"]).abs() * mask).sum())
+            # `where`, not `* mask`: whatever the pad holds cannot reach the sum (inf * 0 = nan).
+            diff = torch.where(mask != 0, (old - batch.tensors["rollout_logprobs"]).abs() * mask,
+                               0.0)
+            diff_sum += float(diff.sum())
             count += float(mask.sum())
         if self.reference is not None:
             for batch, ref in zip(batches, self.reference.logprobs(batches), strict=True):
-                batch.tensors["ref_logprobs"] = batch.layout.pack(ref, fill=0.0)
+                batch.tensors["ref_logprobs"] = ref
         totals = all_reduce(torch.tensor([diff_sum, count], dtype=torch.float64,
                                          device=self.env.device))
         return {"train_infer_logprob_diff": float(totals[0]) / max(float(totals[1]), 1.0)}

@@ -17,8 +17,8 @@ def build_rollout(cfg: Any, engine: TrainEngine, env: DistEnv, run_dir: Path,
     if cfg.rollout.engine == "vllm":
         from graft.rollout.vllm import VLLMRollout
 
-        return VLLMRollout(engine.model, cfg=cfg, env=env, run_dir=run_dir, tokenizer=tokenizer,
-                           eos_token_id=tokenizer.eos_token_id)
+        return VLLMRollout(engine.model, compute_dtype=engine.compute_dtype, cfg=cfg, env=env,
+                           run_dir=run_dir, tokenizer=tokenizer)
     from graft.rollout.embedded import EmbeddedRollout
 
     return EmbeddedRollout(engine.model, pad_token_id=tokenizer.pad_token_id,

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from graft.engine.distributed import DistEnv
+from graft.engine.distributed import DistEnv, broadcast_object
 from graft.export.hf import export_model_to_hf
 from graft.export.sinks.vllm import VLLMSink, safetensors_shapes
 from graft.export.stream import WeightExporter, default_bucket_bytes
@@ -29,13 +29,13 @@ class VLLMRollout:
 
     name = "vllm"
 
-    def __init__(self, model: torch.nn.Module, *, cfg: Any, env: DistEnv, run_dir: Path,
-                 tokenizer: Any, eos_token_id: int) -> None:
+    def __init__(self, model: torch.nn.Module, *, compute_dtype: torch.dtype, cfg: Any,
+                 env: DistEnv, run_dir: Path, tokenizer: Any) -> None:
         self.env = env
-        self.eos_token_id = eos_token_id
+        self.eos_token_id = tokenizer.eos_token_id
         device = next(model.parameters()).device
         # vLLM computes in the trainer's compute dtype, so log-probs agree to rounding.
-        dtype_name = "bfloat16" if device.type == "cuda" else "float32"
+        dtype_name = str(compute_dtype).removeprefix("torch.")
         init_dir = run_dir / "rollout_init"
         export_model_to_hf(model, init_dir, tokenizer=tokenizer, is_main=env.is_main,
                            export_cfg=dataclasses.replace(cfg.export, dtype=dtype_name))
@@ -48,7 +48,7 @@ class VLLMRollout:
             self.sink = VLLMSink(self.llm, safetensors_shapes(init_dir))
         self.exporter = WeightExporter(
             model, bucket_bytes=default_bucket_bytes(cfg.export.bucket_mb, device),
-            dtype=getattr(torch, dtype_name), delta=cfg.export.delta, is_main=env.is_main)
+            dtype=compute_dtype, delta=cfg.export.delta, is_main=env.is_main)
         if cfg.export.delta:
             self.exporter.export(self.sink)  # the delta baseline: what the engine holds now
 
@@ -58,15 +58,14 @@ class VLLMRollout:
             return self._generate(prompts, spec)
         per_rank: list[list[list[int]]] = [[] for _ in range(self.env.world_size)]
         dist.all_gather_object(per_rank, prompts)
-        results: list[Any] = [None]
+        results = None
         if self.env.is_main:
             flat = self._generate([p for rank_prompts in per_rank for p in rank_prompts], spec)
             offsets = [0]
             for rank_prompts in per_rank:
                 offsets.append(offsets[-1] + len(rank_prompts))
-            results = [[flat[offsets[r]:offsets[r + 1]] for r in range(self.env.world_size)]]
-        dist.broadcast_object_list(results, src=0)
-        return results[0][self.env.rank]
+            results = [flat[offsets[r]:offsets[r + 1]] for r in range(self.env.world_size)]
+        return broadcast_object(results)[self.env.rank]
 
     def _generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
         from vllm import SamplingParams

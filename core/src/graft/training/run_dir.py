@@ -10,18 +10,19 @@ from typing import Any
 
 import yaml
 
-from graft.checkpoint.layout import write_atomically
+from graft.checkpoint.layout import read_latest, step_of, write_atomically
 from graft.engine.distributed import broadcast_object
 
 RUNS = Path("runs")
 
 
-def resolve_run_dir(cfg: Any) -> Path:
+def resolve_run_dir(cfg: Any, *, is_main: bool) -> Path:
     """``trainer.run_dir``; otherwise the unfinished run of this same config under ``runs/`` (so
-    rerunning an interrupted command resumes it), else a new ``runs/<timestamp>``. Rank 0 decides.
+    rerunning an interrupted command resumes it), else a new ``runs/<timestamp>``. Rank 0
+    (``is_main``) decides and broadcasts its answer; call it on every rank.
     """
     chosen = cfg.trainer.run_dir
-    if chosen is None:
+    if chosen is None and is_main:  # only rank 0 scans runs/: the others take its answer
         resumable = find_resumable_run(RUNS, cfg) if cfg.checkpoint.resume == "auto" else None
         chosen = str(resumable or RUNS / time.strftime("%Y%m%d-%H%M%S"))
     return Path(broadcast_object(chosen))
@@ -43,8 +44,6 @@ def _without_run_dir(text: str) -> Any:
 
 def find_resumable_run(root: Path, cfg: Any) -> Path | None:
     """The newest run under ``root`` with the same config whose last checkpoint is not final."""
-    from graft.checkpoint.layout import read_latest, step_of
-
     wanted = _without_run_dir(config_text(cfg, None))
     candidates = sorted((p for p in root.glob("*") if (p / "config.yaml").is_file()),
                         key=lambda p: p.stat().st_mtime, reverse=True) if root.is_dir() else []
@@ -57,10 +56,10 @@ def find_resumable_run(root: Path, cfg: Any) -> Path | None:
     return None
 
 
-def write_config(run_dir: Path, cfg: Any) -> None:
-    """Save the composed config, with the resolved run dir, as ``<run_dir>/config.yaml``."""
+def write_config(run_dir: Path, text: str) -> None:
+    """Save ``text`` (the run's `config_text`) as ``<run_dir>/config.yaml``, creating the folder."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(run_dir / "config.yaml", config_text(cfg, str(run_dir)))
+    write_atomically(run_dir / "config.yaml", text)
 
 
 def truncate_metrics(run_dir: Path, last_step: int) -> None:

@@ -11,7 +11,6 @@ from graft.data.dataset import load_text_samples, tokenize_sft
 from graft.data.sampler import EpochSampler
 from graft.engine.distributed import DistEnv
 from graft.engine.train_engine import TrainEngine
-from graft.losses.policy import sft_nll_loss
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -19,8 +18,9 @@ if TYPE_CHECKING:
 
 def sft_loss(logp: torch.Tensor, tensors: Mapping[str, torch.Tensor],
              mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The per-token NLL of the response tokens."""
-    return sft_nll_loss(logp=logp), {}
+    """The per-token negative log-likelihood of the response tokens (the engine masks and
+    aggregates it)."""
+    return -logp, {}
 
 
 class SFTJob:

@@ -46,7 +46,7 @@ class Trainer:
         self.manager = get_plugin_manager()
         self.env = init_distributed(device_preference=cfg.engine.device,
                                     ep_size=cfg.engine.ep_size)
-        self.run_dir = resolve_run_dir(cfg)
+        self.run_dir = resolve_run_dir(cfg, is_main=self.env.is_main)
         torch.manual_seed(cfg.trainer.seed)
         if cfg.model.path:
             load_local_config(cfg.model.path)  # a bad model.path is reported before anything else
@@ -55,8 +55,10 @@ class Trainer:
         self.engine = build_engine(cfg, self.env, pad_token_id=self.tokenizer.pad_token_id)
         _check_vocab(self.tokenizer, self.engine.model.config)
         self.step = 0
+        # The config as saved in config.yaml and in every checkpoint (built once, not per save).
+        self.config_yaml = config_text(cfg, str(self.run_dir))
         if self.env.is_main:
-            write_config(self.run_dir, cfg)
+            write_config(self.run_dir, self.config_yaml)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint, self.env)
         self._resume()
         self.job.attach(self.engine, self.run_dir)  # after resume: vLLM starts from these weights
@@ -78,7 +80,7 @@ class Trainer:
         state = {"scheduler": self.engine.scheduler.state_dict(), "job": self.job.state_dict()}
         self.checkpoints.save(self.step, model=self.engine.model,
                               optimizer=self.engine.optimizer, trainer_state=state,
-                              config_yaml=config_text(self.cfg, str(self.run_dir)))
+                              config_yaml=self.config_yaml)
 
     def _build_job(self) -> SFTJob | RLJob:
         if self.cfg.trainer.mode == "rl":

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from graft.checkpoint.layout import fsync_tree
+from graft.checkpoint.layout import TMP_PREFIX, replace_dir
 
 INDEX = "model.safetensors.index.json"
 
@@ -45,7 +45,7 @@ class HFDirectorySink:
     def begin(self) -> None:
         """Create the temporary folder next to the target."""
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = self.out_dir.with_name(f".tmp-{self.out_dir.name}-{uuid.uuid4().hex[:8]}")
+        self._tmp = self.out_dir.with_name(f"{TMP_PREFIX}{self.out_dir.name}-{uuid.uuid4().hex[:8]}")
         self._tmp.mkdir()
         self._shard, self._shard_bytes, self._files = {}, 0, []
 
@@ -72,8 +72,8 @@ class HFDirectorySink:
             index_json = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
             (self._tmp / INDEX).write_text(json.dumps(index_json, indent=2))
         self._write_configs()
-        fsync_tree(self._tmp)
-        self._swap_in()
+        replace_dir(self._tmp, self.out_dir)
+        self._tmp = None
 
     def abort(self, error: BaseException) -> None:
         """Remove the temporary folder; the previous export (if any) stays."""
@@ -101,13 +101,3 @@ class HFDirectorySink:
             self.generation_config.save_pretrained(self._tmp)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(self._tmp)
-
-    def _swap_in(self) -> None:
-        old = None
-        if self.out_dir.exists():
-            old = self.out_dir.with_name(f".old-{self.out_dir.name}-{uuid.uuid4().hex[:8]}")
-            os.replace(self.out_dir, old)
-        os.replace(self._tmp, self.out_dir)
-        self._tmp = None
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)

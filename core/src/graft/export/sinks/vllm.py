@@ -4,8 +4,8 @@ Buckets are copied into a staging dict as they arrive; only at `finish` are they
 name known to the engine, every shape right: a wrong one would leave the engine unusable) and
 handed over in one call, then the prefix cache is reset (cached KV blocks were computed with the
 old weights). An in-process engine takes the tensors directly (``reload_weights``); an engine in
-its own process loads them from one safetensors file in ``/dev/shm`` (or ``staging_dir``). A
-failure before `finish` leaves the engine on its old weights.
+its own process loads them from one safetensors file in ``/dev/shm``. A failure before `finish`
+leaves the engine on its old weights.
 """
 
 from __future__ import annotations
@@ -35,17 +35,18 @@ def safetensors_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
 class VLLMSink(StagingSink):
     """Stages an export and loads it into ``llm`` at once."""
 
-    def __init__(self, llm: Any, expected_shapes: dict[str, tuple[int, ...]],
-                 staging_dir: Path | None = None) -> None:
+    def __init__(self, llm: Any, expected_shapes: dict[str, tuple[int, ...]]) -> None:
         super().__init__()
         self.llm = llm
         self.expected = expected_shapes
-        shm = Path("/dev/shm")
-        self.staging_dir = staging_dir or (shm if shm.is_dir() else Path("."))
+        # The last pushed weights, kept only for delta exports: vLLM reloads whole tensors, so
+        # row updates are applied to a copy of them. Full exports keep nothing between pushes.
         self.current: dict[str, torch.Tensor] = {}
+        self._delta = False
 
     def consume_delta(self, entries: list[DeltaEntry]) -> None:
         """Apply row updates to a copy of the last pushed weights (vLLM reloads whole tensors)."""
+        self._delta = True
         for entry in entries:
             if entry.rows is None:
                 self._staged[entry.name] = entry.values.detach().to("cpu", copy=True)
@@ -72,12 +73,13 @@ class VLLMSink(StagingSink):
         else:
             self._push_through_file(update)
         self.llm.reset_prefix_cache()
-        self.current, self._staged = update, {}
+        self.current, self._staged = (update if self._delta else {}), {}
 
     def _push_through_file(self, update: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
 
-        path = self.staging_dir / f"graft-weights-{os.getpid()}.safetensors"
+        shm = Path("/dev/shm")  # memory-backed where it exists: the file never touches a disk
+        path = (shm if shm.is_dir() else Path(".")) / f"graft-weights-{os.getpid()}.safetensors"
         save_file({k: v.contiguous() for k, v in update.items()}, str(path))
         try:
             self.llm.collective_rpc("graft_load_safetensors", kwargs={"path": str(path)})
