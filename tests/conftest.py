@@ -22,6 +22,7 @@ SITES = {
     "demo": ("graft_demo_plugin",),
     "duplicate": ("graft_demo_plugin", "graft_demo_twin"),
     "typo": ("graft_typo_plugin",),
+    "moe_ep": ("graft_moe_ep_plugin",),
 }
 
 ENV_KEYS = ("GRAFT_PLUGINS", "GRAFT_DISABLE_PLUGINS", "GRAFT_TRACE_PLUGINS", "GRAFT_DEBUG")

@@ -42,6 +42,9 @@ def test_hook_specs_are_the_design_table() -> None:
         "graft_policy_losses", "graft_loss_agg_modes",
         # added for the RL loop
         "graft_reward_functions", "graft_rollout_begin", "graft_rollout_end",
+        # added for the plugins' seams: open registries and the post-forward record
+        "graft_advantage_estimators", "graft_rollout_engines", "graft_trainer_modes",
+        "graft_post_forward",
     }
 
 

@@ -17,7 +17,8 @@ import torch
 from graft.config import compose
 from graft.engine.distributed import shutdown_distributed
 from graft.engine.micro_batch import TokenSample
-from graft.export.sinks.vllm import VLLMSink, safetensors_shapes
+from graft.export.hf import hf_directory_sink
+from graft.export.sinks.vllm import VLLMSink
 from graft.export.stream import WeightExporter
 from graft.inference.vllm_engine import start_engine
 from graft.training.trainer import Trainer
@@ -36,7 +37,8 @@ def vllm_prompt_logprobs(llm, ids: list[int]) -> torch.Tensor:
 
 def trainer_logprobs(trainer: Trainer) -> torch.Tensor:
     batches = trainer.engine.micro_batches([TokenSample(PROMPT, 1)])
-    return batches[0].layout.unpad(trainer.engine.logprobs(batches)[0])[0][:-1]
+    logprobs = trainer.engine.logprobs(batches, phase="old_logprobs")
+    return batches[0].layout.unpad(logprobs[0])[0][:-1]
 
 
 def main(out: str, preset: str, delta: bool) -> None:
@@ -46,13 +48,16 @@ def main(out: str, preset: str, delta: bool) -> None:
                        "trainer.mode=sft",
                        "export.hf_at_end=false"])
         trainer = Trainer(cfg)
-        trainer.export_hf(Path(run) / "initial")
+        model = trainer.engine.model
+        exporter = WeightExporter(model, bucket_bytes=64 << 10, dtype=None, delta=delta,
+                                  is_main=True)
+        # One export writes the engine's first weights and (delta) the exporter's baseline.
+        initial = hf_directory_sink(model, Path(run) / "initial", dtype=None,
+                                    tokenizer=trainer.tokenizer)
+        exporter.export(initial)
         llm = start_engine(Path(run) / "initial", dtype="float32", max_model_len=256, seed=0)
-        sink = VLLMSink(llm, safetensors_shapes(Path(run) / "initial"))
-        exporter = WeightExporter(trainer.engine.model, bucket_bytes=64 << 10, dtype=None,
-                                  delta=delta, is_main=True)
-        if delta:
-            exporter.export(sink)  # the first export of a delta exporter is full
+        sink = VLLMSink(llm, initial.shapes, delta=delta,
+                        current=exporter.tracker.snapshot if delta else None)
         before = vllm_prompt_logprobs(llm, PROMPT)
         before_error = float((before - trainer_logprobs(trainer)).abs().max())
         trainer.fit()

@@ -14,8 +14,8 @@ for every hook:
   thing on every rank (collectives inside a hook must be matched on all ranks).
 * Heavy imports (kernels, vLLM) belong inside the hook body, not at the plugin's module level.
 
-The sections follow the order of one run: registration, model build, data, step, loss,
-checkpoint, export.
+The sections follow the order of one run: registration, model build, data, rollout, step,
+loss, checkpoint, export.
 """
 
 from __future__ import annotations
@@ -63,12 +63,28 @@ def graft_model_families() -> list[Any]:
     When: once per process, when the model registry is first used. Who: model-family plugins;
     every rank.
 
-    Return a list of `graft.models.ModelFamily` objects: the builder, the list of decoder blocks,
-    the router adapter, the export handler and the ``parallelize`` function for a model type. A
-    family from a plugin replaces the core's built-in family of the same ``model_type``; two
-    plugins providing the same ``model_type`` is an error naming both.
+    Return a list of `graft.models.ModelFamily` objects: presets, decoder blocks, packing rule and
+    packed masks, router modules, weight initialisation, an optional ``parallelize`` function
+    and whether it implements expert parallelism (``expert_parallel``). Export layouts are not
+    part of a family: they go through ``graft_export_slots``. A family from a plugin replaces
+    the core's built-in family of the same ``model_type``; two plugins providing the same
+    ``model_type`` is an error naming both.
 
     Must not mutate anything. Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_trainer_modes() -> dict[str, Any]:
+    """Declare training jobs, selectable with ``trainer.mode=<name>``.
+
+    When: once per process, when the config is validated and when a run starts. Who: plugins
+    adding a kind of training (DPO, a reward-model trainer...); every rank.
+
+    Return ``{name: factory}``; ``factory(*, cfg, tokenizer, env)`` (any subset of these
+    keywords) returns a `graft.training.job.TrainingJob` (``attach``, ``step``, ``state_dict``,
+    ``load_state_dict``, ``close``). The core provides ``rl`` and ``sft``; two providers of one
+    name is an error. Must not mutate anything. Not ``firstresult``.
     """
 
 
@@ -78,17 +94,24 @@ def graft_model_families() -> list[Any]:
 
 
 @hookspec
-def graft_pre_shard(model: torch.nn.Module, cfg: Any, mesh: DeviceMesh | None) -> None:
+def graft_pre_shard(model: torch.nn.Module, cfg: Any, mesh: DeviceMesh | None, role: str,
+                    meshes: Any) -> None:
     """Transform the bare model in place before FSDP2 shards it.
 
     When: once per model build, after activation-checkpoint wrapping (when enabled) and right
-    before ``fully_shard``; on every rank. ``model`` holds real (unsharded) parameters; ``cfg``
-    is the composed root config (a dataclass); ``mesh`` is the device mesh the model will be
-    sharded over (None in a single-process run without a mesh).
+    before expert parallelism and ``fully_shard``; on every rank. ``model`` holds real
+    (unsharded) parameters; ``cfg`` is the composed root config (a dataclass); ``mesh`` is the
+    data-parallel device mesh the model will be sharded over (all ranks; None in a process
+    without one) and ``meshes`` every dimension's mesh by name
+    (`graft.engine.parallel_dims.ParallelMeshes`: ``meshes["dp"]``, ``meshes["ep"]``,
+    ``meshes["efsdp"]``; None without a mesh). ``role`` says which model this is: ``policy``
+    (the trained model) or ``reference``
+    (the frozen KL reference, no gradients: leave it alone unless your change must apply to it
+    too, as a numerics change such as quantisation does).
 
     May mutate ``model`` in place (swap modules for fake-quant versions, wrap decoder blocks for
-    activation offload, register router hooks, re-lay experts for expert parallelism). The return
-    value is ignored. Not ``firstresult``: every plugin runs, in registration order.
+    activation offload, register router hooks). The return value is ignored.
+    Not ``firstresult``: every plugin runs, in registration order.
     """
 
 
@@ -98,15 +121,20 @@ def graft_pre_shard(model: torch.nn.Module, cfg: Any, mesh: DeviceMesh | None) -
 
 
 @hookspec
-def graft_prepare_inputs(batch: dict[str, Any], pad_size: int, layout: Any, cfg: Any) -> None:
+def graft_prepare_inputs(batch: dict[str, Any], pad_size: int, layout: Any, cfg: Any,
+                         phase: str) -> None:
     """Adjust a packed micro-batch before the forward pass.
 
-    When: for every micro-batch, after packing, the label roll and ``pad_to_length`` padding,
-    before any sequence-parallel split and before the forward; on every rank, for its own
-    micro-batch. ``batch`` maps names (``input_ids``, ``labels``, ``loss_mask``,
-    ``temperature``, ``position_ids``, RL extras) to per-token tensors of shape ``(R, L)``
-    (rows x tokens, plus trailing dims) whose rows end with ``pad_size`` pad tokens added by
-    ``pad_to_length`` (0 when padding is off). ``layout`` is the
+    When: before every packed forward of the trainer (every micro-batch of every pass), after
+    packing, the label roll and ``pad_to_length`` padding, before any sequence-parallel split;
+    on every rank, for its own micro-batch. ``phase`` says which pass this is (see
+    `graft.engine.phase`): ``sft`` or ``update`` (forward + backward), ``old_logprobs`` (the
+    policy's log-probs before the update), ``ref_logprobs`` (the frozen reference),
+    ``rollout_logprobs`` (the trainer scores samples whose engine gave no log-probs).
+    ``batch`` maps names (``input_ids``, ``labels``, ``loss_mask``, ``temperature``,
+    ``position_ids``, RL extras, tensors kept from an earlier pass by ``graft_post_forward``) to
+    per-token tensors of shape ``(R, L)`` (rows x tokens, plus trailing dims) whose rows end with
+    ``pad_size`` pad tokens added by ``pad_to_length`` (0 when padding is off). ``layout`` is the
     `graft.engine.micro_batch.PackedLayout` (where each sample sits; ``layout.pack`` places
     per-sample tensors in the grid).
 
@@ -114,6 +142,25 @@ def graft_prepare_inputs(batch: dict[str, Any], pad_size: int, layout: Any, cfg:
     targets, for example) adds it here, extended over the pad, so it lines up with the padded
     inputs. The core strips the pad from every per-token output with one shared function
     (``layout.unpad``). Return value ignored. Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_post_forward(batch: dict[str, Any], layout: Any, phase: str,
+                       cfg: Any) -> dict[str, Any] | None:
+    """Collect what a plugin recorded during one micro-batch's forward.
+
+    When: after every packed forward of the trainer (same passes and ``phase`` values as
+    ``graft_prepare_inputs``), before the loss and backward; on every rank, for its own
+    micro-batch. ``batch`` holds the tensors the forward saw; ``layout`` the
+    `graft.engine.micro_batch.PackedLayout` (``layout.unpad`` gives one tensor per sample,
+    without the pad).
+
+    Return ``{name: tensor}`` of per-token ``(R, L, ...)`` tensors to keep with this micro-batch,
+    or None: later passes over the same micro-batch (the update passes after the old-log-prob
+    pass of an RL step) find them in ``batch`` (routing replay records in one pass and replays
+    in the next). Must not mutate ``batch``. Two plugins returning one name is an error.
+    Not ``firstresult``.
     """
 
 
@@ -137,26 +184,63 @@ def graft_reward_functions() -> dict[str, Any]:
 
 
 @hookspec
-def graft_rollout_begin(engine: str, model: Any, cfg: Any) -> None:
-    """Generation of one RL step is about to start.
+def graft_advantage_estimators() -> dict[str, Any]:
+    """Declare advantage estimators, selectable with ``algorithm.advantage=<name>``.
 
-    When: every step, before the rollout engine generates; on every rank. ``engine`` is
-    ``rollout.engine`` (``embedded`` or ``vllm``); ``model`` is the model that will generate for
-    the embedded engine (the trainer's own), None for an external engine; ``cfg`` the root config.
+    When: once per process, when the config is validated and when an RL run starts. Who:
+    plugins adding an estimator; every rank.
 
-    May mutate ``model`` by registering hooks that record per-token decisions during generation
-    (routing replay records each router's top-k here) and must remove them in
-    ``graft_rollout_end``. Return value ignored. Not ``firstresult``.
+    Return ``{name: estimator}``: a `graft.rl.advantages.AdvantageEstimator` (its ``compute``
+    and the smallest ``rollout.n`` it works with) or a plain function.
+    ``compute(rewards, *, group_size, cfg)`` (any subset of the keywords) gets this rank's
+    rewards ``(N,)`` float64, consecutive groups of ``group_size`` samples of one prompt, and the
+    root config, and returns one advantage per sample ``(N,)``. The core provides ``grpo`` and
+    ``rloo``; two providers of one name is an error. Must not mutate anything.
+    Not ``firstresult``.
     """
 
 
 @hookspec
-def graft_rollout_end(samples: list[Any], engine: str, cfg: Any) -> None:
+def graft_rollout_engines() -> dict[str, Any]:
+    """Declare rollout engines, selectable with ``rollout.engine=<name>``.
+
+    When: once per process, when the config is validated and when an RL run starts. Who:
+    plugins adding a generator (an inference server client, SGLang...); every rank.
+
+    Return ``{name: factory}``; ``factory(*, cfg, engine, env, run_dir, tokenizer)`` (any subset)
+    builds a `graft.rollout.types.RolloutEngine` from the root config, the trainer's
+    `graft.engine.train_engine.TrainEngine`, the `graft.engine.distributed.DistEnv`, the run
+    directory and the tokenizer. The core provides ``embedded`` and ``vllm``; two providers of
+    one name is an error. Must not mutate anything. Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_rollout_begin(engine: str, rollout: Any, model: Any, cfg: Any) -> None:
+    """Generation of one RL step is about to start.
+
+    When: every step, before the rollout engine generates; on every rank. ``engine`` is
+    ``rollout.engine`` (the engine's kind, e.g. ``embedded`` or ``vllm``); ``rollout`` the engine
+    object (`graft.rollout.types.RolloutEngine`: ``kind``, ``model``, ``llm``,
+    ``request_extras``); ``model`` is the model that will generate for the embedded engine (the
+    trainer's own, also ``rollout.model``), None for an external engine; ``cfg`` the root config.
+
+    May mutate ``model`` by registering hooks that record per-token decisions during generation
+    (routing replay records each router's top-k here) and must remove them in
+    ``graft_rollout_end``; may call ``rollout.request_extras(name)`` for per-request outputs
+    the engine can return (vLLM's ``routed_experts``), which then arrive in each sample's
+    ``engine_extras``. Return value ignored. Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_rollout_end(samples: list[Any], engine: str, rollout: Any, cfg: Any) -> None:
     """Generation of one RL step finished; attach what was recorded to the samples.
 
     When: every step, right after generation, before rewards and the update; on every rank, with
     that rank's samples (`graft.rollout.RolloutSample`: ``prompt_ids``, ``response_ids``,
-    ``logprobs``, ``extras``).
+    ``logprobs``, ``extras``, ``engine_extras``). ``engine`` and ``rollout`` as in
+    ``graft_rollout_begin``.
 
     May mutate ``samples``: put per-token tensors in ``sample.extras[name]``, one row per token
     of prompt + response (shape ``(len(prompt_ids) + len(response_ids), ...)``); the core packs
@@ -205,13 +289,16 @@ def graft_policy_losses() -> dict[str, Any]:
     When: once per process, when the config is validated and when the trainer starts. Who:
     plugins adding an RL objective (GSPO...); every rank.
 
-    Return ``{name: function}``; each function is called as
-    ``fn(logp=, old_logp=, advantages=, mask=, cfg=)`` with ``(num_sequences, max_len)`` fp32
-    tensors (``cfg`` is ``cfg.loss``) and returns ``(loss_mat, metrics)``: the per-token loss of
-    the same shape and a dict of per-token metric tensors (averaged over the mask). The result
-    is then reduced by ``graft_loss_aggregate`` with ``loss.loss_agg_mode``. Two plugins (or a
-    plugin and the core) declaring one name is an error. Must not mutate anything.
-    Not ``firstresult``.
+    Return ``{name: function}``; each function is called with keyword arguments
+    ``fn(logp=, old_logp=, advantages=, mask=, cfg=, root_cfg=, tensors=)`` and receives only
+    the ones it declares (older losses keep working): ``(num_sequences, max_len)`` fp32 tensors,
+    ``cfg`` = ``cfg.loss``, ``root_cfg`` the whole config (a plugin's own section is
+    ``root_cfg.features.<name>``), ``tensors`` every per-token tensor of the micro-batch in that
+    shape (``rollout_logprobs``, ``old_logprobs``, plugin extras...). It returns
+    ``(loss_mat, metrics)``: the per-token loss of the same shape and a dict of per-token
+    metric tensors (averaged over the mask). The result is then reduced by
+    ``graft_loss_aggregate`` with ``loss.loss_agg_mode``. Two plugins (or a plugin and the core)
+    declaring one name is an error. Must not mutate anything. Not ``firstresult``.
     """
 
 
@@ -254,16 +341,22 @@ def graft_loss_aggregate(
 def graft_ckpt_load(
     state: dict[str, Any], model: torch.nn.Module, optimizer: Any, ctx: Any
 ) -> None:
-    """Fix or migrate checkpoint state before it is loaded into the live model and optimizer.
+    """Map a checkpoint onto the live model and optimizer before anything is read or checked.
 
-    When: on resume, after the checkpoint was read into ``state`` (``{"model": ..., "optim":
-    ...}`` in the flattened layout of ``torch.distributed.checkpoint.state_dict``) and before
-    ``set_state_dict``; on every rank, each with its own shard. ``ctx`` is a
-    `graft.checkpoint.LoadContext` (checkpoint path, step, saved world size).
+    When: on resume, after the checkpoint's metadata was read and before the compatibility
+    check and the read of its tensors; on every rank, each with its own shard. ``state`` is
+    ``{"model": ..., "optim": ...}``: the live model's and optimizer's entries, keyed by their
+    names in the flattened layout of ``torch.distributed.checkpoint.state_dict``, holding the
+    tensors the checkpoint will be read into. ``ctx`` is a `graft.checkpoint.LoadContext`
+    (checkpoint path, step, saved world size, ``checkpoint_keys``, ``keep_fresh``).
 
-    May mutate ``state`` in place (rename keys of an older layout, backfill missing optimizer
-    entries: the core's own implementation gives parameters without saved optimizer state the
-    state a fresh optimizer would create). Must not touch ``model`` or ``optimizer`` parameters.
+    May mutate ``state`` in place: rename an entry to the key an older layout used (move the
+    same tensor object under the checkpoint's name: it is read from there and loaded back
+    under its live name), or add entry keys (``"optim.state.<fqn>.exp_avg"``) to
+    ``ctx.keep_fresh`` to keep their fresh value instead of reading them (the core's own
+    implementation does this for parameters a checkpoint has no optimizer state for). After
+    the hooks every remaining entry must exist in the checkpoint with the same shape, or the
+    load fails naming it. Must not touch ``model`` or ``optimizer`` parameters.
     Not ``firstresult``; should not need cross-rank communication.
     """
 
@@ -280,13 +373,18 @@ def graft_export_slots(
     """Map one trained parameter (or a block of it) to Hugging Face checkpoint names and tensors.
 
     When: during weight export, once per parameter (or per expert block under expert
-    parallelism), after it was gathered from its shards; on the ranks that export it. ``name``
-    is the parameter's fully qualified name in the trained model, ``tensor`` its full value (or
-    a contiguous block of experts starting at ``ctx.expert_offset``), ``ctx`` a
-    `graft.export.ExportContext` (model type, expert offset, target dtype).
+    parallelism), after it was gathered from its shards; on the exporting rank (rank 0), and
+    on meta tensors whenever the exporter probes a layout (``enumerate_hf_slots``). ``name`` is
+    the parameter's fully qualified name in the trained model, ``tensor`` its full value, or for
+    an expert-parallel parameter one ``ep`` rank's block of experts starting at global expert
+    ``ctx.expert_offset``: the core streams blocks when the handler's output for a block is
+    not the block itself (per-expert HF names), and gathers the whole tensor when a handler
+    passes it through (a fused HF layout). ``ctx`` is a `graft.export.ExportContext` (model
+    type, expert offset, target dtype).
 
     ``firstresult``: return an iterable of ``(hf_name, tensor)`` pairs for a parameter your model
-    family handles (fused experts split per expert, renamed keys), or None to leave it to the
-    next handler; the core's default handler passes standard layouts through. Must not mutate
+    family handles (fused experts split per expert with global ids, renamed keys), or None to
+    leave it to the next handler; the core's default handler applies transformers' own
+    conversion mapping (per-expert ids shifted by ``ctx.expert_offset``). Must not mutate
     ``tensor`` (views are fine; the exporter copies them into its bucket).
     """

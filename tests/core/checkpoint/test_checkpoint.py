@@ -64,6 +64,62 @@ def test_hook_graft_ckpt_load_backfills_params_without_gradients(graft_plugin, t
     resumed.fit()  # and it trains on
 
 
+class RenamedLayout:
+    """Reads the checkpoint's two layer norms of layer 0 into each other's places, as a plugin
+    migrating an older layout (where the names differed) would, before any check or read."""
+
+    a, b = "model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight"
+
+    @hookimpl(tryfirst=True)
+    def graft_ckpt_load(self, state):
+        model = state["model"]
+        model[self.a], model[self.b] = model[self.b], model[self.a]
+
+
+def full(trainer: Trainer, name: str) -> torch.Tensor:
+    value = dict(trainer.engine.model.named_parameters())[name]
+    return value.full_tensor().detach().clone()
+
+
+def test_hook_graft_ckpt_load_renames_before_the_check_and_the_read(graft_plugin,
+                                                                    tmp_path: Path) -> None:
+    first = trainer(tmp_path, 2)
+    first.fit()
+    a, b = RenamedLayout.a, RenamedLayout.b
+    saved_a, saved_b = full(first, a), full(first, b)
+    assert not torch.equal(saved_a, saved_b), "the norms must have trained apart"
+    graft_plugin(RenamedLayout(), name="renamed")
+    resumed = trainer(tmp_path, 3)
+    assert torch.equal(full(resumed, a), saved_b) and torch.equal(full(resumed, b), saved_a)
+
+
+def test_hook_graft_ckpt_load_keep_fresh_skips_an_entry(graft_plugin, tmp_path: Path) -> None:
+    class FreshNorm:
+        @hookimpl
+        def graft_ckpt_load(self, ctx):
+            ctx.keep_fresh.add("model.model.norm.weight")  # <section>.<entry key>
+
+    first = trainer(tmp_path, 2)
+    first.fit()
+    assert not torch.equal(full(first, "model.norm.weight"), torch.ones(64))
+    graft_plugin(FreshNorm(), name="fresh-norm")
+    resumed = trainer(tmp_path, 3)
+    assert torch.equal(full(resumed, "model.norm.weight"), torch.ones(64))  # as initialised
+
+
+def test_an_entry_the_checkpoint_lacks_is_named_after_the_hooks(graft_plugin,
+                                                                tmp_path: Path) -> None:
+    class Misnamed:
+        @hookimpl
+        def graft_ckpt_load(self, state):
+            state["model"]["model.norm.scale"] = state["model"].pop("model.norm.weight")
+
+    trainer(tmp_path, 2).fit()
+    graft_plugin(Misnamed(), name="misnamed")
+    with pytest.raises(CheckpointError, match="has no parameter 'model.norm.scale'"):
+        trainer(tmp_path, 3)
+
+
 def test_crash_between_shard_writes_keeps_the_previous_checkpoint(tmp_path: Path,
                                                                   monkeypatch) -> None:
     run = trainer(tmp_path, 4)

@@ -88,7 +88,7 @@ def test_wrong_type_names_key_expected_type_and_value(bare: GraftPluginManager) 
 
 
 def test_value_outside_choices_lists_valid_values(bare: GraftPluginManager) -> None:
-    with pytest.raises(ConfigError, match="'trainer.mode' is 'ppo'; valid values: rl, sft"):
+    with pytest.raises(ConfigError, match="'trainer.mode' is 'ppo'. Valid values: rl, sft."):
         compose(["trainer.mode=ppo"], manager=bare)
 
 

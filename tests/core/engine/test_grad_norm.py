@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 import torch
 
 from graft.engine.grad_norm import clip_grad_norm
@@ -29,3 +34,20 @@ def test_no_clipping_leaves_gradients_alone() -> None:
     before = layer.weight.grad.clone()
     norm = clip_grad_norm(layer.parameters(), float("inf"))
     assert torch.equal(layer.weight.grad, before) and norm > 0
+
+
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "grad_norm_replicas.py"
+
+
+def test_every_element_counts_once_whatever_the_layout(tmp_path: Path) -> None:
+    """4 gloo ranks, ``ep=2``: gradients sharded over all ranks, replicated over all ranks,
+    split over (efsdp, ep), and replicated over efsdp but split over ep. Before, replicated
+    gradients counted once per rank (a norm 2x too large for 4 replicas)."""
+    out = tmp_path / "norms.json"
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                             "--nproc-per-node=4", str(SCRIPT), str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for norm, expected in json.loads(out.read_text()):
+        assert norm == pytest.approx(expected, rel=1e-6)

@@ -70,3 +70,16 @@ def test_config_overrides_apply_and_unknown_fields_are_errors() -> None:
 def test_bad_model_path(path: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_model(ModelConfig(path=path))
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-deepseek-v3"])
+def test_routing_weights_reproduce_the_routers_own(preset: str) -> None:
+    """Given the experts a router chose, the family recomputes exactly its weights (what routing
+    replay relies on to keep gradients flowing to the router)."""
+    model, family = build_model(ModelConfig(preset=preset))
+    torch.manual_seed(1)
+    for router in family.router_modules(model):
+        with torch.no_grad():
+            router.weight.normal_()
+        logits, weights, ids = router(torch.randn(7, model.config.hidden_size))
+        assert torch.equal(family.routing_weights(router, logits, ids), weights)

@@ -39,7 +39,7 @@ def test_hook_graft_prepare_inputs_extends_per_token_tensors(manager: GraftPlugi
     layout = layout_rows([5], packs_sequences=True, pad_bucket=4)
     batch = {"input_ids": torch.zeros(1, 8, dtype=torch.long), "demo_flags": torch.ones(1, 5)}
     manager.hook.graft_prepare_inputs(batch=batch, pad_size=layout.pad_size, layout=layout,
-                                      cfg=None)
+                                      cfg=None, phase="update")
     assert batch["demo_flags"].shape == (1, 8)
     assert batch["demo_flags"][0, 5:].sum() == 0
 
@@ -55,12 +55,12 @@ def test_hook_graft_loss_aggregate_is_firstresult(manager: GraftPluginManager) -
 
 
 def test_hook_graft_ckpt_load_mutates_state(manager: GraftPluginManager, tmp_path: Path) -> None:
-    default = torch.zeros(2)
-    ctx = LoadContext(tmp_path / "step_3", 3, 2, frozenset(), {"state.w.exp_avg": default})
-    state = {"model": {}, "optim": {"state.v.exp_avg": torch.ones(2)}}
+    ctx = LoadContext(tmp_path / "step_3", 3, 2, frozenset({"optim.state.v.exp_avg"}))
+    state = {"model": {}, "optim": {"state.v.exp_avg": torch.ones(2),
+                                    "state.w.exp_avg": torch.zeros(2)}}
     manager.hook.graft_ckpt_load(state=state, model=None, optimizer=None, ctx=ctx)
     assert state["demo_seen"] is True                      # the plugin ran
-    assert state["optim"]["state.w.exp_avg"] is default    # and then the core's backfill
+    assert ctx.keep_fresh == {"optim.state.w.exp_avg"}     # and then the core's backfill
     assert ctx.backfilled == ["state.w.exp_avg"]
 
 

@@ -120,7 +120,7 @@ def test_wrong_argument_name_is_a_clear_error() -> None:
         GraftPluginManager().register(WrongArgs(), "wrong-args")
     message = str(info.value)
     assert "'config'" in message and "Did you mean 'cfg'" in message
-    assert "graft_pre_shard(model, cfg, mesh)" in message
+    assert "graft_pre_shard(model, cfg, mesh, role, meshes)" in message
 
 
 def test_undecorated_hook_function_is_a_clear_error() -> None:
@@ -173,3 +173,19 @@ def test_trace_env_switch_installs_tracing(site: Path, monkeypatch: pytest.Monke
     manager = load(allowlist=["demo"])
     manager.hook.graft_step_begin(step=1)
     assert "[graft.trace] graft_step_begin(step=1)" in capsys.readouterr().err
+
+
+def test_registry_lookups_go_through_the_traced_hook_caller(site: Path) -> None:
+    """Registries (policy losses, families, engines...) call each plugin through pluggy, so
+    ``GRAFT_TRACE_PLUGINS`` shows them, and still know which plugin gave which name."""
+    from graft.losses.registry import policy_losses
+
+    manager = load(allowlist=["demo"])
+    stream = io.StringIO()
+    undo = install_tracing(manager.pm, stream)
+    losses = policy_losses(manager)
+    undo()
+    trace = stream.getvalue()
+    assert {"ppo", "demo-pg"} <= set(losses)
+    assert "graft_policy_losses() -> [demo]" in trace
+    assert "graft_policy_losses() -> [graft.losses.builtin]" in trace

@@ -10,27 +10,75 @@ import torch
 from graft import hookimpl
 from graft.config import compose
 from graft.data.tasks import TextSample, positional_match_reward
-from graft.rl.advantages import group_advantages
+from graft.errors import ConfigError
+from graft.rl.advantages import AdvantageEstimator, advantage_estimators, compute_advantages
 from graft.rl.kl import kl_penalty
 from graft.rl.rewards import resolve_reward, reward_names
 
 
+def advantages(rewards: list[float], n: int, name: str, *overrides: str) -> torch.Tensor:
+    cfg = compose([f"rollout.n={n}", f"algorithm.advantage={name}", *overrides])
+    return compute_advantages(advantage_estimators()[name], torch.tensor(rewards), group_size=n,
+                              cfg=cfg)
+
+
 def test_grpo_normalises_each_group() -> None:
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
-    adv = group_advantages(rewards, 4, estimator="grpo")
+    adv = advantages([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0], 4, "grpo")
     assert torch.allclose(adv[:4], torch.tensor([0.5, -0.5, -0.5, 0.5]) / math.sqrt(1 / 3),
                           atol=1e-4)
     assert torch.equal(adv[4:], torch.zeros(4)), "a group with equal rewards learns nothing"
 
 
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+@pytest.mark.parametrize("reward", [0.7, 2 / 3, 0.1, 1e-7])
+def test_equal_rewards_that_float32_cannot_hold_give_exactly_zero(name: str, reward: float) -> None:
+    # verl's own assertion: a group whose rewards are all equal has advantage 0 (0.7 is not
+    # exact in float32; dividing its rounding noise by a ~0 std gave ~0.06 before).
+    adv = advantages([reward] * 8 + [0.0, 1.0] * 4, 8, name)
+    assert torch.equal(adv[:8], torch.zeros(8)), adv[:8]
+    assert adv[8:].abs().min() > 0.5
+
+
 def test_dr_grpo_skips_the_std() -> None:
-    adv = group_advantages(torch.tensor([3.0, 1.0]), 2, estimator="grpo", norm_by_std=False)
+    adv = advantages([3.0, 1.0], 2, "grpo", "algorithm.norm_adv_by_std=false")
     assert adv.tolist() == [1.0, -1.0]
 
 
 def test_rloo_compares_with_the_others_mean() -> None:
-    adv = group_advantages(torch.tensor([3.0, 0.0, 0.0]), 3, estimator="rloo")
+    adv = advantages([3.0, 0.0, 0.0], 3, "rloo")
     assert torch.allclose(adv, torch.tensor([3.0, -1.5, -1.5]))
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_group_estimators_refuse_groups_of_one(name: str) -> None:
+    with pytest.raises(ConfigError, match=r"rollout.n=1 .* needs rollout.n >= 2"):
+        compose(["rollout.n=1", f"algorithm.advantage={name}"])
+    assert compose(["rollout.n=1", "trainer.mode=sft"]).rollout.n == 1  # SFT draws no samples
+
+
+@pytest.mark.parametrize("c", [1.0, 0.5, -3.0])
+def test_dual_clip_constant_must_exceed_one(c: float) -> None:
+    with pytest.raises(ConfigError, match="loss.clip_ratio_c=.* must be > 1"):
+        compose([f"loss.clip_ratio_c={c}"])
+    assert compose(["loss.clip_ratio_c=null"]).loss.clip_ratio_c is None
+
+
+def test_hook_graft_advantage_estimators_adds_a_selectable_estimator(graft_plugin,
+                                                                     tmp_path) -> None:
+    class Baseline:
+        @hookimpl
+        def graft_advantage_estimators(self):
+            # a plain function: any group size (min 1), gets only the keywords it names
+            return {"minus-half": lambda rewards, *, group_size: rewards - 0.5,
+                    "pairs": AdvantageEstimator(lambda rewards: rewards * 0, min_group_size=4)}
+
+    graft_plugin(Baseline(), name="baseline")
+    assert {"grpo", "rloo", "minus-half", "pairs"} <= set(advantage_estimators())
+    assert advantages([1.0, 0.0], 1, "minus-half").tolist() == [0.5, -0.5]
+    with pytest.raises(ConfigError, match="needs rollout.n >= 4"):
+        compose(["algorithm.advantage=pairs", "rollout.n=2"])
+    with pytest.raises(ConfigError, match=r"'grop'. Did you mean 'grpo'\?"):
+        compose(["algorithm.advantage=grop"])
 
 
 def test_kl_penalties() -> None:

@@ -47,10 +47,13 @@ def test_interrupted_run_resumes_when_the_command_is_rerun(metrics_of, tmp_path:
     while not list(tmp_path.glob("runs/*/checkpoints/step_4")) and time.time() < deadline:
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGINT)  # Ctrl-C
-    first.communicate(timeout=60)
+    _, stderr = first.communicate(timeout=60)
     (run_dir,) = tmp_path.glob("runs/*")
     interrupted_at = len(metrics_of(run_dir))
     assert 4 <= interrupted_at < 12
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    resumes_from = Path("runs") / run_dir.name / "checkpoints" / latest
+    assert f"graft: interrupted; rerun the same command to resume from {resumes_from}\n" in stderr
     second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]

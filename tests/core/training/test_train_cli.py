@@ -64,8 +64,8 @@ def test_parquet_dataset(graft_train, metrics_of, tmp_path: Path) -> None:
     (["engine.max_tokens_per_micro_batch=8"], "more than the micro-batch token budget"),
     (["model.path=/tmp"], "is not a Hugging Face model directory"),
     (["model.path=Qwen/Qwen3-0.6B"], "Graft never downloads"),
-    (["loss.loss_agg_mode=token-meen"], "valid values: token-mean"),
-    (["model.preset=tiny-lama"], "valid values:"),
+    (["loss.loss_agg_mode=token-meen"], "Did you mean 'token-mean'"),
+    (["model.preset=tiny-lama"], "Did you mean 'tiny-llama'? Valid values:"),
 ])
 def test_bad_input_is_a_clear_error(run_graft, tmp_path: Path, args: list[str],
                                     message: str) -> None:

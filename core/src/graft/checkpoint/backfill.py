@@ -2,9 +2,10 @@
 
 A parameter that never received a gradient (DeepSeek-V4's indexer, an unused head) has no Adam
 state, so a flattened optimizer checkpoint lacks its entries and loading it would fail on
-``step``. Merging the fresh optimizer's defaults under the loaded state (checkpoint entries win)
-resumes such parameters exactly as a new AdamW would start them. No collective is needed.
-Registered as a built-in plugin; torch is not imported here.
+``step``. Keeping the fresh optimizer's entries for exactly those keys (everything else is read
+from the checkpoint) resumes such parameters as a new AdamW would start them. No collective is
+needed. Registered as a built-in plugin, asked last (after plugins that rename entries); torch
+is not imported here.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ def parameter_of(key: str) -> str:
 
 @hookimpl(trylast=True)
 def graft_ckpt_load(state: dict[str, Any], ctx: Any) -> None:
-    """Fill ``state["optim"]`` with fresh defaults for every entry the checkpoint lacks."""
+    """Keep the fresh optimizer entries the checkpoint lacks (``ctx.keep_fresh``)."""
     optim = state.get("optim")
     if optim is None:
         return
-    missing = [k for k in ctx.fresh_optimizer_state if k not in optim]
-    for key in missing:
-        optim[key] = ctx.fresh_optimizer_state[key]
+    missing = [k for k in optim if f"optim.{k}" not in ctx.checkpoint_keys
+               and f"optim.{k}" not in ctx.keep_fresh]
+    ctx.keep_fresh.update(f"optim.{k}" for k in missing)
     ctx.backfilled = missing
     params = sorted({parameter_of(k) for k in missing if k.startswith("state.")})
     if params:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 
 @dataclass
 class LoadContext:
-    """The checkpoint being loaded and the fresh state it is merged into.
+    """The checkpoint being loaded, and what the ``graft_ckpt_load`` hooks decided.
 
     Attributes:
         path: the checkpoint folder (``.../checkpoints/step_<N>``).
@@ -17,14 +16,15 @@ class LoadContext:
         saved_world_size: the number of ranks that saved it.
         checkpoint_keys: every key stored in it (DCP flat keys: ``model.<fqn>``,
             ``optim.state.<fqn>.<name>``, ``optim.param_groups.<fqn>.<name>``).
-        fresh_optimizer_state: the flattened optimizer entries (keys ``state.<fqn>.<name>``) the
-            checkpoint lacks, as a new optimizer creates them on this rank.
-        backfilled: optimizer keys filled from ``fresh_optimizer_state`` (set by the core).
+        keep_fresh: keys (same form) of live entries not to read: they keep the value a fresh
+            model or optimizer has (hooks add to it; the core's backfill adds the optimizer
+            entries of parameters the checkpoint has no state for).
+        backfilled: the optimizer keys the core's backfill kept fresh (for messages and tests).
     """
 
     path: Path
     step: int
     saved_world_size: int
     checkpoint_keys: frozenset[str]
-    fresh_optimizer_state: dict[str, Any]
+    keep_fresh: set[str] = field(default_factory=set)
     backfilled: list[str] = field(default_factory=list)

@@ -138,33 +138,39 @@ class CheckpointManager:
         try:
             return resolve_checkpoint(resume)
         except CheckpointError as exc:
-            raise CheckpointError(f"checkpoint.resume={resume!r}: {exc} (give a checkpoint "
-                                  f"folder step_<N>, a run directory, auto or never)") from exc
+            raise CheckpointError(f"checkpoint.resume={resume!r}: {exc} (or auto / never)") from exc
 
     def load(self, path: Path, *, model: torch.nn.Module,
              optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Verify, read, let plugins fix (``graft_ckpt_load``), then load into model and optimizer.
+        """Verify, let plugins map the checkpoint (``graft_ckpt_load``), check, read, load.
 
-        Returns ``trainer.json`` (step, scheduler, data position) and restores this rank's
-        random-number generators.
+        The hook sees the live entries before anything is read, so a renamed entry is read
+        from the checkpoint's key and checked there. Returns ``trainer.json`` (step, scheduler,
+        data position) and restores this rank's random-number generators.
         """
         verify_files(path, checksums=True, rank=self.env.rank, world=self.env.world_size)
-        metadata = read_metadata(path)
-        model_state, fresh_optim = get_state_dict(model, optimizer, options=OPTIONS)
-        check_compatible(path, metadata.state_dict_metadata, model_state)
-        keys = frozenset(metadata.state_dict_metadata)
-        state = {"model": model_state,
-                 "optim": {k: v for k, v in fresh_optim.items() if f"optim.{k}" in keys}}
-        with _reported(f"loading checkpoint {path}"):
-            dcp.load(state, storage_reader=SafeFileSystemReader(str(path)),
-                     planner=SafeLoadPlanner())
+        metadata = read_metadata(path).state_dict_metadata
         trainer = json.loads((path / "trainer.json").read_text())
-        defaults = {k: v for k, v in fresh_optim.items() if k not in state["optim"]}
-        ctx = LoadContext(path, trainer["step"], trainer["world_size"], keys, defaults)
+        model_state, optim_state = get_state_dict(model, optimizer, options=OPTIONS)
+        state = {"model": model_state, "optim": optim_state}
+        live_keys = {id(v): (section, k) for section, entries in state.items()
+                     for k, v in entries.items() if isinstance(v, torch.Tensor)}
+        ctx = LoadContext(path, trainer["step"], trainer["world_size"], frozenset(metadata))
         get_plugin_manager().hook.graft_ckpt_load(state=state, model=model, optimizer=optimizer,
                                                   ctx=ctx)
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"], options=OPTIONS)
+        check_compatible(path, metadata, state, keep_fresh=ctx.keep_fresh)
+        to_read = {section: {k: v for k, v in entries.items()
+                             if f"{section}.{k}" not in ctx.keep_fresh}
+                   for section, entries in state.items()}
+        with _reported(f"loading checkpoint {path}"):
+            dcp.load(to_read, storage_reader=SafeFileSystemReader(str(path)),
+                     planner=SafeLoadPlanner())
+        for section, entries in to_read.items():
+            state[section].update(entries)  # values DCP replaced rather than filled in place
+        loaded = {section: {live_keys.get(id(v), (section, k))[1]: v for k, v in entries.items()}
+                  for section, entries in state.items()}
+        set_state_dict(model, optimizer, model_state_dict=loaded["model"],
+                       optim_state_dict=loaded["optim"], options=OPTIONS)
         restore_rng_state(self._rng_state(path))
         logger.info("resumed from %s (step %d, saved by %d ranks)", path, trainer["step"],
                     trainer["world_size"])
@@ -176,19 +182,28 @@ class CheckpointManager:
         return json.loads((own if own.is_file() else path / "rng" / "rank_0.json").read_text())
 
 
-def check_compatible(path: Path, saved: dict[str, Any], model_state: dict[str, Any]) -> None:
-    """Every model tensor must exist in the checkpoint with the same global shape, and vice versa."""
-    for name, tensor in model_state.items():
-        entry = saved.get(f"model.{name}")
-        if entry is None:
-            raise CheckpointError(f"checkpoint {path} has no parameter {name!r}: the model config "
-                                  f"differs from the one it was saved with ({path / 'config.yaml'})")
-        if hasattr(entry, "size") and tuple(entry.size) != tuple(tensor.shape):
-            raise CheckpointError(f"checkpoint {path}: parameter {name!r} has shape "
-                                  f"{tuple(entry.size)} there but {tuple(tensor.shape)} in this "
-                                  f"model; the model config differs ({path / 'config.yaml'})")
+def check_compatible(path: Path, saved: dict[str, Any], state: dict[str, dict[str, Any]], *,
+                     keep_fresh: set[str] | frozenset[str] = frozenset()) -> None:
+    """Every entry to read (all but ``keep_fresh``) must exist in the checkpoint with the same
+    global shape, and every model tensor of the checkpoint must have a place in ``state``."""
+    for section, entries in state.items():
+        for name, value in entries.items():
+            key = f"{section}.{name}"
+            if key in keep_fresh:
+                continue
+            entry = saved.get(key)
+            what = "parameter" if section == "model" else "optimizer entry"
+            if entry is None:
+                raise CheckpointError(f"checkpoint {path} has no {what} {name!r}: the model config "
+                                      f"differs from the one it was saved with "
+                                      f"({path / 'config.yaml'})")
+            shape = getattr(value, "shape", None)
+            if hasattr(entry, "size") and shape is not None and tuple(entry.size) != tuple(shape):
+                raise CheckpointError(f"checkpoint {path}: {what} {name!r} has shape "
+                                      f"{tuple(entry.size)} there but {tuple(shape)} in this "
+                                      f"model; the model config differs ({path / 'config.yaml'})")
     extra = sorted(k[len("model."):] for k in saved
-                   if k.startswith("model.") and k[len("model."):] not in model_state)
+                   if k.startswith("model.") and k[len("model."):] not in state["model"])
     if extra:
         raise CheckpointError(f"checkpoint {path} has parameters this model lacks: "
                               f"{', '.join(extra[:5])}; the model config differs")

@@ -7,6 +7,7 @@ whatever the world size that saved the checkpoint.
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,18 +28,69 @@ from graft.checkpoint.safe_io import (
 )
 from graft.errors import CheckpointError
 
+ACCEPTED_FORMS = ("a checkpoint folder <run_dir>/checkpoints/step_<N>, the marker file "
+                  "<run_dir>/checkpoints/latest, the folder <run_dir>/checkpoints, or a run "
+                  "directory <run_dir>")
+
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A ``step_<N>`` folder as given, or the latest checkpoint of a run directory."""
-    folder = Path(path).expanduser()
-    if layout.checkpoints_dir(folder).is_dir():
-        latest = layout.read_latest(folder)
-        if latest is None:
-            raise CheckpointError(f"{folder} has no complete checkpoint")
-        return latest
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder} does not exist")
-    return folder
+    """The ``step_<N>`` folder that ``path`` designates.
+
+    ``path`` is a ``step_<N>`` folder (returned as given), ``<run_dir>/checkpoints/latest``,
+    ``<run_dir>/checkpoints`` or ``<run_dir>`` (each meaning the checkpoint ``latest`` names).
+    Anything else is a `CheckpointError` listing these forms.
+    """
+    given = Path(path).expanduser()
+    if not given.exists():
+        raise CheckpointError(f"{given} does not exist; give {ACCEPTED_FORMS}")
+    if given.is_file():
+        if given.name != layout.LATEST:
+            raise CheckpointError(f"{given} is a file, not a checkpoint; give {ACCEPTED_FORMS}")
+        return _latest_of(_parent(_parent(given)), given)
+    if _is_step_dir(given):
+        return given
+    if _is_checkpoints_dir(given):
+        return _latest_of(_parent(given), given)
+    if layout.checkpoints_dir(given).is_dir():
+        return _latest_of(given, given)
+    if (given / "config.yaml").is_file():
+        raise CheckpointError(f"{given} is a run directory without a checkpoints/ folder: the "
+                              f"run saved no checkpoint yet")
+    raise CheckpointError(f"{given} is not a checkpoint (no .metadata, no checkpoints/latest); "
+                          f"give {ACCEPTED_FORMS}")
+
+
+def _parent(path: Path) -> Path:
+    # Lexical, so a relative path stays relative ("latest" -> "." -> "..").
+    return Path(os.path.normpath(path / os.pardir))
+
+
+def _is_step_dir(folder: Path) -> bool:
+    # The name alone counts, so a damaged step_<N> folder reaches the checks that name its damage.
+    if (folder / ".metadata").is_file():
+        return True
+    try:
+        layout.step_of(folder)
+    except CheckpointError:
+        return False
+    return True
+
+
+def _is_checkpoints_dir(folder: Path) -> bool:
+    return (folder.name == layout.checkpoints_dir(Path()).name
+            or (folder / layout.LATEST).is_file())
+
+
+def _latest_of(run_dir: Path, given: Path) -> Path:
+    """The checkpoint ``<run_dir>/checkpoints/latest`` names; ``given`` is what the user typed."""
+    latest = layout.read_latest(run_dir)
+    if latest is None:
+        found = layout.complete_checkpoints(run_dir)
+        hint = (f"; the step folders there ({', '.join(p.name for p in found)}) can be given "
+                f"directly" if found else "; the run saved no checkpoint yet")
+        raise CheckpointError(f"{given}: {layout.checkpoints_dir(run_dir) / layout.LATEST} "
+                              f"does not exist, so there is no complete checkpoint to use{hint}")
+    return latest
 
 
 @dataclass

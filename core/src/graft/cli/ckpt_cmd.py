@@ -6,6 +6,10 @@ import argparse
 import json
 from typing import Any
 
+# Every form `graft.checkpoint.reader.resolve_checkpoint` accepts (also used by `graft export`).
+CKPT_HELP = ("a checkpoint: RUN_DIR/checkpoints/step_<N>, or RUN_DIR/checkpoints/latest, "
+             "RUN_DIR/checkpoints or RUN_DIR for the latest one")
+
 
 def add_parser(subparsers: Any) -> None:
     """Register ``graft ckpt inspect DIR [--json] [--config]`` and ``graft ckpt verify DIR``."""
@@ -13,13 +17,13 @@ def add_parser(subparsers: Any) -> None:
     commands = parser.add_subparsers(dest="ckpt_command", metavar="ACTION", required=True)
     inspect = commands.add_parser("inspect", help="step, world size, size, parameters, "
                                                   "parameters without optimizer state")
-    inspect.add_argument("path", metavar="DIR", help="a step_<N> folder or a run directory")
+    inspect.add_argument("path", metavar="DIR", help=CKPT_HELP)
     inspect.add_argument("--json", action="store_true", help="print JSON")
     inspect.add_argument("--config", action="store_true", help="also print the saved config")
     inspect.set_defaults(run=run_inspect)
     verify = commands.add_parser("verify", help="check every file (size, SHA-256) and read "
                                                 "every tensor")
-    verify.add_argument("path", metavar="DIR", help="a step_<N> folder or a run directory")
+    verify.add_argument("path", metavar="DIR", help=CKPT_HELP)
     verify.set_defaults(run=run_verify)
 
 

@@ -18,7 +18,8 @@ def add_parser(subparsers: Any) -> None:
     show.set_defaults(run=run_show, takes_overrides=True)
     check = commands.add_parser(
         "check", parents=[plugin_options()],
-        help="check YAML files (default: every shipped preset) against the schema")
+        help="check YAML files against the schema (default: every preset of Graft and of the "
+             "loaded plugins, and ./examples)")
     check.add_argument("paths", nargs="*", metavar="PATH", help="YAML files or folders")
     check.set_defaults(run=run_check)
 
@@ -33,11 +34,25 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    """Check each file; exit 2 when any is invalid."""
-    from graft.config.check import check_config_files
+    """Check each file (default: `graft.config.check.default_sources`); exit 2 when any is
+    invalid."""
+    from graft.config.check import check_config_files, default_sources
     from graft.errors import ConfigError
 
-    results = check_config_files(args.paths, load_for(args))
+    manager = load_for(args)
+    if args.paths:
+        files = list(args.paths)
+    else:
+        sources = default_sources(manager)
+        print("checking (no PATH given):" if sources else
+              "no YAML files to check: no presets are installed and there is no ./examples")
+        for source in sources:
+            print(f"  {len(source.files)} file{'s' if len(source.files) != 1 else ''}: "
+                  f"{source.label}")
+        files = [f for source in sources for f in source.files]
+        if not files:
+            return 0
+    results = check_config_files(files, manager)
     if not results:
         print("no YAML files to check")
         return 0

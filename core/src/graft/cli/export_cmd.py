@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from graft.cli.ckpt_cmd import CKPT_HELP
+
 DTYPE_NAMES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
                "fp32": "float32", "float32": "float32", "auto": "auto"}
 
@@ -15,8 +17,7 @@ def add_parser(subparsers: Any) -> None:
                                    description="Write a Hugging Face model directory "
                                                "(safetensors, config, tokenizer) from a Graft "
                                                "checkpoint; from_pretrained loads it as is.")
-    parser.add_argument("--ckpt", required=True, metavar="DIR",
-                        help="a step_<N> checkpoint folder or a run directory (its latest)")
+    parser.add_argument("--ckpt", required=True, metavar="DIR", help=CKPT_HELP)
     parser.add_argument("--out", required=True, metavar="HF_DIR", help="output directory")
     parser.add_argument("--dtype", default="auto", choices=sorted(DTYPE_NAMES),
                         help="exported dtype (default: the model config's)")

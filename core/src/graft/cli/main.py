@@ -50,8 +50,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"graft: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("graft: interrupted", file=sys.stderr)
+        print(f"graft: {interrupted_message(args)}", file=sys.stderr)
         return 130
+
+
+def interrupted_message(args: argparse.Namespace) -> str:
+    """``interrupted``, and what running the same command again does, when the subcommand set
+    ``args.interrupt_note`` (a function returning that sentence)."""
+    note = getattr(args, "interrupt_note", None)
+    if note is None:
+        return "interrupted"
+    try:
+        return f"interrupted; {note()}"
+    except Exception:  # noqa: BLE001 - a failing note must not hide the interrupt itself
+        return "interrupted"
 
 
 if __name__ == "__main__":

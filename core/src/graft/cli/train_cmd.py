@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from graft.cli.common import config_options, load_for, plugin_options
@@ -51,10 +52,34 @@ def run(args: argparse.Namespace) -> int:
     from graft.engine.distributed import end_torchrun_worker
     from graft.training.api import train
 
+    if int(os.environ.get("RANK", "0")) == 0:
+        args.interrupt_note = lambda: resume_note(cfg)
     train(cfg)
     # Only after success: a failing rank must raise and exit non-zero so torchrun reports it.
     end_torchrun_worker()
     return 0
+
+
+def resume_note(cfg: Any) -> str:
+    """What running the same command again does, read from disk now: the checkpoint it resumes
+    from, or that it starts over. Said after Ctrl-C (rank 0 of the run)."""
+    from graft.checkpoint.layout import read_latest
+    from graft.training.run_dir import RUNS, find_resumable_run
+
+    resume = cfg.checkpoint.resume
+    if resume == "never":
+        return "checkpoint.resume=never: the next run starts over"
+    if resume != "auto":
+        from graft.checkpoint.reader import resolve_checkpoint
+
+        return f"rerun the same command to resume from {resolve_checkpoint(resume)}"
+    # The run directory the next run picks: the configured one, else (like
+    # `graft.training.run_dir.resolve_run_dir`) the unfinished run of this config under runs/.
+    run_dir = Path(cfg.trainer.run_dir) if cfg.trainer.run_dir else find_resumable_run(RUNS, cfg)
+    latest = read_latest(run_dir) if run_dir is not None else None
+    if latest is None:
+        return "no checkpoint to resume from yet: the next run starts over"
+    return f"rerun the same command to resume from {latest}"
 
 
 def launch_torchrun(args: argparse.Namespace, torchrun_args: list[str]) -> int:

@@ -11,9 +11,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from graft.config.presets import resolve_config_file
+from graft.config.registries import registry_names
 from graft.config.sections import build_root_schema
 from graft.config.sources import apply_overrides, apply_yaml_file
-from graft.errors import ConfigError
+from graft.errors import ConfigError, did_you_mean
 from graft.plugins import GraftPluginManager, get_plugin_manager
 
 
@@ -43,7 +44,10 @@ def compose(overrides: Sequence[str] = (), config_files: Sequence[str | Path] = 
 
 
 def to_validated_object(cfg: DictConfig, manager: GraftPluginManager) -> Any:
-    """Turn a composed DictConfig into dataclasses and check every `choice` field."""
+    """Turn a composed DictConfig into dataclasses; check every `choice` field, then the rules
+    that tie fields together (`graft.config.validate`)."""
+    from graft.config.validate import validate_config
+
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:
@@ -51,27 +55,41 @@ def to_validated_object(cfg: DictConfig, manager: GraftPluginManager) -> Any:
     except (ValueError, TypeError) as exc:  # raised by a section's __post_init__
         raise ConfigError(f"invalid config: {exc}") from exc
     check_choices(obj, manager)
+    validate_config(obj, manager)
     return obj
 
 
-def check_choices(obj: Any, manager: GraftPluginManager, prefix: str = "") -> None:
-    """Raise `ConfigError` for a field whose value is not among its declared choices.
+def valid_choices(f: dataclasses.Field, manager: GraftPluginManager) -> list[str] | None:
+    """The values a `choice` field accepts (its fixed choices, then its registry's names), or
+    None for a field that is not a choice."""
+    if "choices" not in f.metadata:
+        return None
+    valid = list(f.metadata["choices"])
+    registry = f.metadata.get("registry")
+    if registry:
+        valid += [name for name in registry_names(registry, manager) if name not in valid]
+    return valid
 
-    Choices are a list, or a function of the plugin manager (registries plugins extend).
-    """
+
+def check_choices(obj: Any, manager: GraftPluginManager, prefix: str = "") -> None:
+    """Raise `ConfigError` for a field whose value is not among its declared choices, with a
+    "did you mean" and the valid values."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         dotted = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value):
             check_choices(value, manager, dotted + ".")
             continue
-        choices = f.metadata.get("choices")
-        if choices is None:
+        valid = valid_choices(f, manager)
+        if valid is None or value in valid:
             continue
-        valid = list(choices(manager) if callable(choices) else choices)
-        if value not in valid:
-            raise ConfigError(f"config key {dotted!r} is {value!r}; valid values: "
-                              f"{', '.join(valid)}")
+        message = (f"config key {dotted!r} is {value!r}.{did_you_mean(str(value), valid)} "
+                   f"Valid values: {', '.join(valid)}.")
+        if f.metadata.get("registry") == "loss_agg_modes":
+            from graft.losses.registry import agg_mode_hint
+
+            message += agg_mode_hint(manager)
+        raise ConfigError(message)
 
 
 def to_yaml(obj: Any) -> str:

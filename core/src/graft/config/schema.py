@@ -9,45 +9,20 @@ for users' YAML files: list it in CHANGELOG.md with the migration.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
-
-Choices = Union[Sequence[str], Callable[[Any], Sequence[str]]]  # noqa: UP007 (runtime alias)
+from typing import Any
 
 
-def choice(default: str, choices: Choices) -> Any:
-    """A string field whose value must be one of ``choices``.
+def choice(default: str, choices: Sequence[str] = (), *, registry: str | None = None) -> Any:
+    """A string field whose value must be one of ``choices`` or a name in ``registry``.
 
-    ``choices`` is a list, or a function taking the plugin manager and returning the names of a
-    registry that plugins extend (checked after composition, with the plugins of that run).
+    ``registry`` names a registry plugins extend (``model_presets``, ``policy_losses``,
+    ``loss_agg_modes``, ``rewards``, ``advantage_estimators``, ``rollout_engines``,
+    ``trainer_modes``: `graft.config.registries`); its names are looked up when the config is
+    validated, with the plugins of that run, and join the fixed ``choices``.
     """
-    return field(default=default, metadata={"choices": choices})
-
-
-# Registries are imported when a config is validated, not when the schema module loads.
-def _model_presets(manager: Any) -> Sequence[str]:
-    from graft.models.registry import presets
-
-    return sorted(presets(manager))
-
-
-def _policy_losses(manager: Any) -> Sequence[str]:
-    from graft.losses.registry import policy_loss_names
-
-    return policy_loss_names(manager)
-
-
-def _loss_agg_modes(manager: Any) -> Sequence[str]:
-    from graft.losses.registry import loss_agg_mode_names
-
-    return loss_agg_mode_names(manager)
-
-
-def _rewards(manager: Any) -> Sequence[str]:
-    from graft.rl.rewards import reward_names
-
-    return ["auto", *reward_names(manager)]
+    return field(default=default, metadata={"choices": tuple(choices), "registry": registry})
 
 
 @dataclass
@@ -55,7 +30,7 @@ class ModelConfig:
     """Which model to train. ``path`` (a local Hugging Face directory) wins over ``preset``."""
 
     # A built-in tiny random-init model, used when `path` is null.
-    preset: str = choice("tiny-qwen3-moe", _model_presets)
+    preset: str = choice("tiny-qwen3-moe", registry="model_presets")
     # A local Hugging Face model directory (config.json + weights). Never downloaded.
     path: str | None = None
     # Master-weight dtype: auto = float32 (the optimizer keeps fp32 masters; compute dtype is
@@ -96,7 +71,7 @@ class TrainerConfig:
     """The run: mode, length, seed, where outputs go."""
 
     # rl: generate, score, update, push weights to the generator, repeat. sft: supervised.
-    mode: str = choice("rl", ("rl", "sft"))
+    mode: str = choice("rl", registry="trainer_modes")
     total_steps: int = 200
     # Output directory; null = runs/<timestamp>. Rerunning with the same run_dir resumes.
     run_dir: str | None = None
@@ -128,7 +103,9 @@ class EngineConfig:
     """How the model runs: device, parallelism, precision, micro-batching."""
 
     device: str = choice("auto", ("auto", "cpu", "cuda"))
-    # Expert-parallel size (MoE); data-parallel size = world size / ep_size.
+    # Expert-parallel size (MoE): experts are split over ep_size ranks, which still train on
+    # their own data (EP borrows ranks from data parallelism; every rank is data-parallel).
+    # Needs a model family that implements it; must divide the world size and the experts.
     ep_size: int = 1
     # auto = bf16 compute with fp32 gradient reduction on GPU, fp32 on CPU.
     mixed_precision: str = choice("auto", ("auto", "fp32", "bf16"))
@@ -150,13 +127,14 @@ class EngineConfig:
 class LossConfig:
     """Per-token policy loss and its aggregation."""
 
-    policy_loss: str = choice("ppo", _policy_losses)
-    loss_agg_mode: str = choice("token-mean", _loss_agg_modes)
+    policy_loss: str = choice("ppo", registry="policy_losses")
+    loss_agg_mode: str = choice("token-mean", registry="loss_agg_modes")
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
     # Dual-clip constant c (> 1) for negative advantages; null disables dual clip.
     clip_ratio_c: float | None = 3.0
-    # Constant divisor of seq-mean-token-sum-norm; null = the padded response length.
+    # Constant divisor of seq-mean-token-sum-norm; null = the response token cap
+    # (rollout.max_new_tokens in RL, data.max_response_tokens in SFT).
     loss_scale_factor: float | None = None
     # KL-to-reference penalty coefficient (RL); 0 disables the reference model.
     kl_coef: float = 0.0
@@ -195,8 +173,8 @@ class RolloutConfig:
     """Generation for RL."""
 
     # embedded: the trainer's own model (batched HF generation with a KV cache); vllm: a vLLM
-    # engine whose weights are updated from the trainer after every step.
-    engine: str = choice("embedded", ("embedded", "vllm"))
+    # engine whose weights are updated from the trainer after every step; or a plugin's.
+    engine: str = choice("embedded", registry="rollout_engines")
     # Samples per prompt (the group of GRPO / RLOO).
     n: int = 8
     prompts_per_step: int = 16
@@ -213,8 +191,9 @@ class AlgorithmConfig:
     """RL: rewards, advantages, update schedule."""
 
     # auto = the synthetic task's own reward, exact_match for a dataset; or a registered name.
-    reward: str = choice("auto", _rewards)
-    advantage: str = choice("grpo", ("grpo", "rloo"))
+    reward: str = choice("auto", ("auto",), registry="rewards")
+    # grpo, rloo, or a plugin's estimator.
+    advantage: str = choice("grpo", registry="advantage_estimators")
     # GRPO: divide by the group's reward std (false = Dr. GRPO).
     norm_adv_by_std: bool = True
     # Passes over the rollout batch, and mini-batches (optimizer steps) per pass.

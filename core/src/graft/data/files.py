@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,16 @@ from graft.data.tasks import TextSample
 from graft.errors import DataError
 
 
-def read_records(path: str) -> list[dict[str, Any]]:
-    """Every record of a ``.jsonl`` or ``.parquet`` file, as dicts."""
+@dataclass(frozen=True)
+class Record:
+    """One record of a dataset file and where it is: ``"<file>, line <N>"`` or ``", row <N>"``."""
+
+    location: str
+    fields: dict[str, Any]
+
+
+def read_records(path: str) -> list[Record]:
+    """Every record of a ``.jsonl`` or ``.parquet`` file, with its 1-based line or row."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise DataError(f"dataset file {path!r} does not exist (data.path)")
@@ -21,14 +30,15 @@ def read_records(path: str) -> list[dict[str, Any]]:
         import pyarrow.parquet as pq
 
         try:
-            return pq.read_table(file).to_pylist()
+            rows = pq.read_table(file).to_pylist()
         except Exception as exc:  # noqa: BLE001 - pyarrow raises many error types
             raise DataError(f"dataset file {path!r} is not a readable Parquet file: {exc}") from exc
+        return [Record(f"{file}, row {number}", row) for number, row in enumerate(rows, start=1)]
     raise DataError(f"dataset file {path!r}: unsupported extension {file.suffix!r}; use .jsonl "
                     f"or .parquet")
 
 
-def _read_jsonl(file: Path) -> list[dict[str, Any]]:
+def _read_jsonl(file: Path) -> list[Record]:
     records = []
     with file.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
@@ -42,28 +52,30 @@ def _read_jsonl(file: Path) -> list[dict[str, Any]]:
             if not isinstance(record, dict):
                 raise DataError(f"{file}, line {number}: expected a JSON object, got "
                                 f"{type(record).__name__}")
-            records.append(record)
+            records.append(Record(f"{file}, line {number}", record))
     if not records:
         raise DataError(f"dataset file {file} holds no records")
     return records
 
 
-def records_to_samples(records: list[dict[str, Any]], *, path: str, prompt_key: str,
+def records_to_samples(records: list[Record], *, prompt_key: str,
                        response_key: str, answer_key: str,
                        require_response: bool) -> list[TextSample]:
-    """Pick the configured columns; a missing column names the record and the keys it has.
+    """Pick the configured columns; a missing column names the record, its line and its keys.
 
-    The answer defaults to the response when the answer column is absent.
+    The answer defaults to the response when the answer column is absent. Each sample's
+    ``origin`` is its record's location.
     """
     needed = [prompt_key] + ([response_key] if require_response else [])
     samples = []
     for number, record in enumerate(records, start=1):
-        missing = [key for key in needed if key not in record]
+        fields = record.fields
+        missing = [key for key in needed if key not in fields]
         if missing:
-            raise DataError(f"{path}: record {number} has no {missing[0]!r} field (it has: "
-                            f"{', '.join(map(str, record))}); set data.prompt_key / "
+            raise DataError(f"{record.location}: record {number} has no {missing[0]!r} field (it "
+                            f"has: {', '.join(map(str, fields))}); set data.prompt_key / "
                             f"data.response_key to the dataset's column names")
-        response = str(record.get(response_key, ""))
-        samples.append(TextSample(str(record[prompt_key]), response,
-                                  str(record.get(answer_key, response))))
+        response = str(fields.get(response_key, ""))
+        samples.append(TextSample(str(fields[prompt_key]), response,
+                                  str(fields.get(answer_key, response)), origin=record.location))
     return samples

@@ -13,11 +13,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TextSample:
-    """One example: the prompt, the reference response, and the answer a reward checks."""
+    """One example: the prompt, the reference response, and the answer a reward checks.
+
+    ``origin`` says where it comes from, for error messages: ``"<file>, line <N>"`` (JSONL,
+    1-based) or ``"<file>, row <N>"`` (Parquet, 1-based); empty for synthetic tasks.
+    """
 
     prompt: str
     response: str
     answer: str
+    origin: str = ""
 
 
 def _letters(rng: random.Random, low: int, high: int) -> str:

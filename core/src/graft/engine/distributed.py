@@ -1,7 +1,8 @@
 """Process group, device and mesh: the same code path for 1 process and for torchrun ranks.
 
 A single process without torchrun still gets a (world size 1) process group and a mesh, so the
-model is always an FSDP2 module and checkpoints always have the same format.
+model is always an FSDP2 module and checkpoints always have the same format. The mesh's layout
+(data and expert parallelism) is `graft.engine.parallel_dims.ParallelDims`'s.
 """
 
 from __future__ import annotations
@@ -15,19 +16,30 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
+from graft.engine.parallel_dims import ParallelDims, ParallelMeshes
 from graft.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class DistEnv:
-    """This process's place in the run."""
+    """This process's place in the run: its rank, device, parallel dimensions and meshes.
+
+    ``mesh`` is the data-parallel mesh (all ranks: what non-expert parameters are sharded over);
+    ``meshes`` holds every dimension's mesh by name.
+    """
 
     rank: int
     world_size: int
     device: torch.device
-    mesh: DeviceMesh
+    dims: ParallelDims
+    meshes: ParallelMeshes
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        """The data-parallel mesh (``meshes["dp"]``)."""
+        return self.meshes.dp
 
     @property
     def is_main(self) -> bool:
@@ -36,8 +48,18 @@ class DistEnv:
 
     @property
     def dp_size(self) -> int:
-        """Data-parallel size (the mesh's ``dp`` dimension)."""
-        return self.mesh["dp"].size()
+        """Data-parallel size: how many ranks train on different data (the ``dp`` dimension)."""
+        return self.meshes.dp.size()
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index along ``dp``: which share of each batch it trains on."""
+        return self.meshes.dp.get_local_rank()
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup:
+        """The process group of the ``dp`` dimension (loss normalisers, metric reductions)."""
+        return self.meshes.dp.get_group()
 
 
 def resolve_device(preference: str) -> torch.device:
@@ -65,13 +87,8 @@ def init_distributed(*, device_preference: str = "auto", ep_size: int = 1) -> Di
             dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    world_size = dist.get_world_size()
-    if ep_size != 1:
-        raise ConfigError(f"engine.ep_size={ep_size}: expert parallelism needs a model-family "
-                          f"plugin that implements it (for GPT-OSS: graft-gpt-oss); the core "
-                          f"trains with ep_size=1")
-    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
-    return DistEnv(dist.get_rank(), world_size, device, mesh)
+    dims = ParallelDims(dist.get_world_size(), ep=ep_size)
+    return DistEnv(dist.get_rank(), dims.world_size, device, dims, dims.build_meshes(device.type))
 
 
 def shutdown_distributed() -> None:
@@ -106,10 +123,12 @@ def end_torchrun_worker() -> None:
     os._exit(0)
 
 
-def all_reduce(value: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
-    """In-place all-reduce over the default group (a no-op for world size 1); returns ``value``."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(value, op=op)
+def all_reduce(value: torch.Tensor, op: Any = dist.ReduceOp.SUM,
+               group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """In-place all-reduce over ``group`` (default: all ranks; a no-op on one rank); returns
+    ``value``."""
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(value, op=op, group=group)
     return value
 
 

@@ -116,12 +116,24 @@ class MicroBatch:
         """Move every tensor to ``device``; to CUDA through pinned memory, without a sync."""
 
         def move(tensor: torch.Tensor) -> torch.Tensor:
-            if device.type == "cuda":
+            if tensor.device == device:
+                return tensor
+            if device.type == "cuda" and tensor.device.type == "cpu":
                 return tensor.pin_memory().to(device, non_blocking=True)
             return tensor.to(device)
 
         return MicroBatch({k: move(v) for k, v in self.tensors.items()}, self.layout,
                           move(self.sequence_index), move(self.sequence_valid))
+
+    def keep(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Store per-token ``(R, L, ...)`` tensors with this micro-batch (as they are, on their
+        device) so later passes over it get them in ``tensors``."""
+        for name, tensor in tensors.items():
+            if tuple(tensor.shape[:2]) != (self.layout.num_rows, self.layout.row_length):
+                raise ValueError(f"kept tensor {name!r} has shape {tuple(tensor.shape)}; per-token "
+                                 f"tensors of this micro-batch start with "
+                                 f"{(self.layout.num_rows, self.layout.row_length)}")
+            self.tensors[name] = tensor
 
     def to_sequences(self, per_token: torch.Tensor) -> torch.Tensor:
         """Gather a per-token ``(R, L, ...)`` tensor of this batch into ``(S, max_len, ...)``."""

@@ -2,9 +2,11 @@
 
 Order: activation checkpointing, then ``torch.compile`` of each block, then the
 ``graft_pre_shard`` hook (`apply_pre_shard_hooks`: plugins see checkpoint-wrapped blocks and real
-parameters), then FSDP2 ``fully_shard`` of every decoder block and of the root. A model family
-with its own ``parallelize`` composes the same helpers; `parallelize` holds every family to the
-steps all of them need (model on the device, the plugins' hook run once before sharding).
+parameters), then (families with expert parallelism) `graft.engine.expert_parallel`, then FSDP2
+``fully_shard`` of every decoder block and of the root. A model family with its own
+``parallelize`` composes the same helpers; `parallelize` holds every family to the steps all of
+them need (model on the device, the plugins' hook run once before sharding, ``engine.ep_size``
+only for families that implement it).
 """
 
 from __future__ import annotations
@@ -18,9 +20,14 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from graft.errors import PluginError
+from graft.engine.parallel_dims import EP, ParallelMeshes
+from graft.errors import ConfigError, PluginError
 from graft.models.family import ModelFamily
 from graft.plugins import get_plugin_manager
+from graft.plugins.keywords import call_with_keywords
+
+# Which model a build is for: the trained policy, or the frozen KL reference (no gradients).
+ROLES = ("policy", "reference")
 
 logger = logging.getLogger("graft.engine")
 
@@ -50,8 +57,22 @@ def mixed_precision_policy(mode: str, device: torch.device) -> MixedPrecisionPol
 
 
 def apply_fsdp(model: torch.nn.Module, blocks: Sequence[torch.nn.Module], mesh: DeviceMesh, *,
-               mp_policy: MixedPrecisionPolicy, reshard_after_forward: bool) -> None:
-    """FSDP2 ``fully_shard`` on every decoder block, then on the root (everything else)."""
+               mp_policy: MixedPrecisionPolicy, reshard_after_forward: bool,
+               expert_modules: Sequence[torch.nn.Module] = (),
+               expert_mesh: DeviceMesh | None = None) -> None:
+    """FSDP2 ``fully_shard``: expert modules over ``expert_mesh`` (``meshes["efsdp"]``), every
+    decoder block and then the root (everything else) over ``mesh`` (``meshes["dp"]``).
+
+    ``expert_modules`` are experts already split over ``ep`` whose forward reads its weights
+    through `graft.engine.expert_parallel.local_expert_weight` (`apply_expert_parallel` does):
+    that makes their gradients the data-parallel average FSDP2 gives every other parameter,
+    although FSDP2 averages them over ``efsdp`` only.
+    """
+    if expert_modules and expert_mesh is None:
+        raise ValueError("apply_fsdp: expert_modules need expert_mesh (meshes['efsdp'])")
+    for experts in expert_modules:
+        fully_shard(experts, mesh=expert_mesh, mp_policy=mp_policy,
+                    reshard_after_forward=reshard_after_forward)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp_policy,
                     reshard_after_forward=reshard_after_forward)
@@ -64,34 +85,62 @@ def apply_fsdp(model: torch.nn.Module, blocks: Sequence[torch.nn.Module], mesh: 
 _PRE_SHARDED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
-def apply_pre_shard_hooks(model: torch.nn.Module, *, cfg: Any, mesh: DeviceMesh | None) -> None:
+def apply_pre_shard_hooks(model: torch.nn.Module, *, cfg: Any, mesh: DeviceMesh | None,
+                          role: str = "policy", meshes: ParallelMeshes | None = None) -> None:
     """Run every ``graft_pre_shard`` plugin on ``model``, once, before it is sharded.
 
     Call it after activation checkpointing (and compile) and right before `apply_fsdp`: plugins
-    see checkpoint-wrapped blocks and real parameters. A custom ``ModelFamily.parallelize`` must
-    call it too; `parallelize` checks that it did.
+    see checkpoint-wrapped blocks and real parameters. ``role`` is ``policy`` or ``reference``
+    (the frozen KL reference); ``meshes`` the run's `ParallelMeshes`. A custom
+    ``ModelFamily.parallelize`` must call it too (passing the ``role`` and ``meshes`` it got);
+    `parallelize` checks that it did.
     """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     if isinstance(model, FSDPModule):
         raise PluginError("apply_pre_shard_hooks called on a model already sharded by "
                           "fully_shard; graft_pre_shard plugins need the unsharded model")
     if model in _PRE_SHARDED:
         raise PluginError("apply_pre_shard_hooks called twice on one model; graft_pre_shard "
                           "runs once per model build")
-    get_plugin_manager().hook.graft_pre_shard(model=model, cfg=cfg, mesh=mesh)
+    get_plugin_manager().hook.graft_pre_shard(model=model, cfg=cfg, mesh=mesh, role=role,
+                                              meshes=meshes)
     _PRE_SHARDED.add(model)
 
 
+def check_expert_parallel(family: ModelFamily, ep: int,
+                          families: Sequence[ModelFamily] = ()) -> None:
+    """`ConfigError` when ``engine.ep_size`` (``ep``) > 1 but ``family`` does not implement
+    expert parallelism, naming the installed families that do (``families``)."""
+    if ep == 1 or family.expert_parallel:
+        return
+    capable = sorted(f.model_type for f in families if f.expert_parallel)
+    raise ConfigError(
+        f"engine.ep_size={ep}: the model family {family.model_type!r} does not implement expert "
+        f"parallelism. Installed families that do: {', '.join(capable) or 'none'}. Install a "
+        f"model plugin whose family supports it (e.g. graft-gpt-oss for GPT-OSS; `graft plugins` "
+        f"lists what is installed) or set engine.ep_size=1.")
+
+
 def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: DeviceMesh,
-                device: torch.device) -> torch.nn.Module:
+                device: torch.device, role: str = "policy",
+                meshes: ParallelMeshes | None = None) -> torch.nn.Module:
     """Parallelize ``model`` with its family's ``parallelize`` (default: `parallelize_standard`).
 
-    Whichever function runs, the model is on ``device`` before it, and it must have run the
-    ``graft_pre_shard`` plugins through `apply_pre_shard_hooks` (a `PluginError` otherwise:
-    the hook cannot run here afterwards, the model is sharded by then). Returns its result.
+    ``mesh`` is the data-parallel mesh, ``meshes`` all of the run's (needed for expert
+    parallelism). Whichever function runs, the model is on ``device`` before it, and it must
+    have run the ``graft_pre_shard`` plugins through `apply_pre_shard_hooks` (a `PluginError`
+    otherwise: the hook cannot run here afterwards, the model is sharded by then). ``role``
+    (``policy`` or ``reference``) is passed on to the hook. Returns the function's result.
     """
+    from graft.models.registry import model_families
+
+    ep = meshes[EP].size() if meshes is not None else 1
+    check_expert_parallel(family, ep, list(model_families().values()))
     model.to(device)
     custom = family.parallelize or parallelize_standard
-    result = custom(model, family, cfg=cfg, mesh=mesh, device=device)
+    result = call_with_keywords(custom, model, family, cfg=cfg, mesh=mesh, device=device,
+                                role=role, meshes=meshes)
     if model not in _PRE_SHARDED:
         raise PluginError(f"model family {family.model_type!r}: its parallelize function "
                           f"{getattr(custom, '__qualname__', custom)!r} did not call "
@@ -102,7 +151,8 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
 
 
 def parallelize_standard(model: torch.nn.Module, family: ModelFamily, *, cfg: Any,
-                         mesh: DeviceMesh, device: torch.device) -> torch.nn.Module:
+                         mesh: DeviceMesh, device: torch.device, role: str = "policy",
+                         meshes: ParallelMeshes | None = None) -> torch.nn.Module:
     """Checkpoint, compile, let plugins transform (`apply_pre_shard_hooks`), then shard ``model``.
 
     ``cfg`` is the root config (``cfg.engine`` drives the steps; plugins get all of it); the model
@@ -114,7 +164,7 @@ def parallelize_standard(model: torch.nn.Module, family: ModelFamily, *, cfg: An
         apply_activation_checkpointing(model)
     if engine.compile:
         apply_compile(blocks, dynamic=False if engine.pad_to_length else None)
-    apply_pre_shard_hooks(model, cfg=cfg, mesh=mesh)
+    apply_pre_shard_hooks(model, cfg=cfg, mesh=mesh, role=role, meshes=meshes)
     blocks = list(family.decoder_blocks(model))  # a plugin may have replaced blocks
     apply_fsdp(model, blocks, mesh, mp_policy=mixed_precision_policy(engine.mixed_precision, device),
                reshard_after_forward=engine.reshard_after_forward)

@@ -19,6 +19,8 @@ from graft.engine.forward import forward_logprobs
 from graft.engine.grad_norm import clip_grad_norm
 from graft.engine.micro_batch import MicroBatch, TokenSample, build_micro_batch
 from graft.engine.packing import plan_micro_batches
+from graft.engine.phase import SFT, UPDATE, Phase
+from graft.errors import PluginError
 from graft.losses.aggregation import AggregationContext
 from graft.losses.registry import aggregate_loss
 from graft.models.family import ModelFamily
@@ -61,6 +63,18 @@ class PendingUpdate:
         values = all_reduce(packed).tolist()
         metrics = {n: values[2 + i] / max(self.ctx.global_tokens, 1.0) for i, n in enumerate(names)}
         return UpdateResult(values[0] / self.ctx.dp_size, int(values[1]), metrics)
+
+
+def merge_kept(results: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, torch.Tensor]:
+    """One dict from the ``graft_post_forward`` results; a name returned twice is an error."""
+    merged: dict[str, torch.Tensor] = {}
+    for result in results:
+        for name, tensor in (result or {}).items():
+            if name in merged:
+                raise PluginError(f"two graft_post_forward plugins returned the tensor {name!r}; "
+                                  f"rename one of them")
+            merged[name] = tensor
+    return merged
 
 
 @dataclass
@@ -107,26 +121,26 @@ class TrainEngine:
         sequences = sum(float((mb.to_sequences(mb.tensors["loss_mask"]).sum(-1) > 0).sum())
                         for mb in micro_batches)
         counts = all_reduce(torch.tensor([tokens, sequences], dtype=torch.float64,
-                                         device=self.env.device))
+                                         device=self.env.device), group=self.env.dp_group)
         return AggregationContext(float(counts[0]), float(counts[1]), self.env.dp_size,
                                   loss_scale_factor)
 
     def forward_backward(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *,
-                         loss_scale_factor: float, with_entropy: bool = False) -> PendingUpdate:
-        """Accumulate gradients over ``micro_batches``; the loss is aggregated by mode."""
+                         loss_scale_factor: float, with_entropy: bool = False,
+                         phase: Phase = UPDATE) -> PendingUpdate:
+        """Accumulate gradients over ``micro_batches``; the loss is aggregated by mode.
+
+        ``phase`` (``update`` or ``sft``) is what the plugins' forward hooks are told.
+        """
+        if phase not in (UPDATE, SFT):
+            raise ValueError(f"forward_backward runs the update or sft phase, not {phase!r}")
         ctx = self.aggregation_context(micro_batches, loss_scale_factor)
-        hook = get_plugin_manager().hook
         self.model.train()
         loss_total = torch.zeros((), dtype=torch.float64, device=self.env.device)
         sums: dict[str, torch.Tensor] = {}
         tokens = 0
         for cpu_batch in micro_batches:
-            batch = cpu_batch.to(self.env.device)
-            hook.graft_prepare_inputs(batch=batch.tensors, pad_size=batch.layout.pad_size,
-                                      layout=batch.layout, cfg=self.cfg)
-            logp, entropy = forward_logprobs(self.model, self.family, batch,
-                                             compute_dtype=self.compute_dtype,
-                                             with_entropy=with_entropy)
+            batch, logp, entropy = self._forward(cpu_batch, phase, with_entropy=with_entropy)
             mask = batch.to_sequences(batch.tensors["loss_mask"])
             seq_tensors = {k: batch.to_sequences(v) for k, v in batch.tensors.items()
                            if k not in ("input_ids", "labels", "position_ids")}
@@ -143,20 +157,40 @@ class TrainEngine:
                 sums[name] = sums.get(name, 0.0) + (values.detach().double() * mask).sum()
         return PendingUpdate(loss_total, tokens, sums, ctx)
 
+    def _forward(self, cpu_batch: MicroBatch, phase: Phase, *, with_entropy: bool = False
+                 ) -> tuple[MicroBatch, torch.Tensor, torch.Tensor | None]:
+        """One micro-batch through the model between the plugins' forward hooks.
+
+        Tensors a ``graft_post_forward`` plugin returns are kept in ``cpu_batch`` for the
+        later passes over it.
+        """
+        hook = get_plugin_manager().hook
+        batch = cpu_batch.to(self.env.device)
+        hook.graft_prepare_inputs(batch=batch.tensors, pad_size=batch.layout.pad_size,
+                                  layout=batch.layout, cfg=self.cfg, phase=phase)
+        logp, entropy = forward_logprobs(self.model, self.family, batch,
+                                         compute_dtype=self.compute_dtype,
+                                         with_entropy=with_entropy)
+        kept = hook.graft_post_forward(batch=batch.tensors, layout=batch.layout, phase=phase,
+                                       cfg=self.cfg)
+        cpu_batch.keep(merge_kept(kept))
+        return batch, logp, entropy
+
     @torch.no_grad()
-    def logprobs(self, micro_batches: Sequence[MicroBatch]) -> list[torch.Tensor]:
+    def logprobs(self, micro_batches: Sequence[MicroBatch], *, phase: Phase) -> list[torch.Tensor]:
         """Label log-probabilities under the current weights, no grad: one CPU fp32 ``(R, L)``
         grid per micro-batch, laid out like its tensors (``layout.unpad`` gives per sample).
 
-        Pad positions hold the log-prob of the pad label, not 0: mask them (``loss_mask``, or
-        ``to_sequences``, which zeroes them) before use.
+        ``phase`` (``old_logprobs``, ``ref_logprobs`` or ``rollout_logprobs``) is what the
+        plugins' forward hooks are told. Pad positions hold the log-prob of the pad label, not
+        0: mask them (``loss_mask``, or ``to_sequences``, which zeroes them) before use.
         """
+        if phase in (UPDATE, SFT):
+            raise ValueError(f"logprobs runs a no-grad phase, not {phase!r}")
         self.model.eval()
         out = []
         for cpu_batch in micro_batches:
-            batch = cpu_batch.to(self.env.device)
-            logp, _ = forward_logprobs(self.model, self.family, batch,
-                                       compute_dtype=self.compute_dtype)
+            _, logp, _ = self._forward(cpu_batch, phase)
             out.append(logp.cpu())  # one device-to-host copy per micro-batch (logp is fp32)
         return out
 

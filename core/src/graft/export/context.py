@@ -17,8 +17,9 @@ class ExportContext:
             conversion mapping is resolved against it (FSDP2's class swap would hide the
             original module classes that some mappings depend on).
         dtype: the exported dtype (a ``torch.dtype``), or None to keep the trained dtype.
-        expert_offset: global index of the first expert in the tensor a handler receives
-            (0 unless an expert-parallel plugin streams blocks of experts).
+        expert_offset: global index of the first expert in the tensor a handler receives: 0 for
+            whole tensors; for expert-parallel parameters streamed one ``ep`` block at a time
+            (`graft.export.expert_blocks`), the id of the block's first expert.
     """
 
     model: Any

@@ -8,6 +8,7 @@ layouts (expert-parallel blocks, packed formats) through ``graft_export_slots``.
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,11 +22,22 @@ Pairs = list[tuple[str, torch.Tensor]]
 Handler = Callable[[str, torch.Tensor, ExportContext], Iterable[tuple[str, torch.Tensor]] | None]
 
 
+_EXPERT_ID = re.compile(r"(\.experts\.)(\d+)(\.)")
+
+
 def transformers_layout(name: str, tensor: torch.Tensor, ctx: ExportContext) -> Pairs:
-    """The HF checkpoint entries of one in-memory tensor, through transformers' own mapping."""
+    """The HF checkpoint entries of one in-memory tensor, through transformers' own mapping.
+
+    A block of experts (``ctx.expert_offset`` > 0) that the mapping splits per expert gets its
+    ids shifted to global ones (``...experts.<offset + i>...``).
+    """
     from transformers.core_model_loading import revert_weight_conversion
 
-    return list(revert_weight_conversion(ctx.skeleton or ctx.model, {name: tensor}).items())
+    pairs = list(revert_weight_conversion(ctx.skeleton or ctx.model, {name: tensor}).items())
+    if not ctx.expert_offset:
+        return pairs
+    shift = lambda m: f"{m.group(1)}{int(m.group(2)) + ctx.expert_offset}{m.group(3)}"  # noqa: E731
+    return [(_EXPERT_ID.sub(shift, hf_name, count=1), value) for hf_name, value in pairs]
 
 
 _SKELETONS: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module] = (

@@ -13,6 +13,17 @@ from graft.export.sinks.hf_dir import HFDirectorySink
 from graft.export.stream import ExportStats, WeightExporter, default_bucket_bytes, resolve_dtype
 
 
+def hf_directory_sink(model: torch.nn.Module, out_dir: Path, *, dtype: torch.dtype | None,
+                      tokenizer: Any) -> HFDirectorySink:
+    """A sink writing ``model``'s export to ``out_dir`` with its config, architecture name,
+    generation config and ``tokenizer`` (``dtype`` None: the trained dtype)."""
+    return HFDirectorySink(out_dir, config=model.config,
+                           dtype=dtype or next(model.parameters()).dtype,
+                           architecture=type(meta_skeleton(model)).__name__,
+                           generation_config=getattr(model, "generation_config", None),
+                           tokenizer=tokenizer)
+
+
 def export_model_to_hf(model: torch.nn.Module, out_dir: Path, *, export_cfg: Any,
                        tokenizer: Any, is_main: bool) -> ExportStats:
     """Stream the live model into ``out_dir`` (call on every rank; rank 0 writes)."""
@@ -20,13 +31,7 @@ def export_model_to_hf(model: torch.nn.Module, out_dir: Path, *, export_cfg: Any
     device = next(model.parameters()).device
     exporter = WeightExporter(model, bucket_bytes=default_bucket_bytes(export_cfg.bucket_mb, device),
                               dtype=dtype, delta=False, is_main=is_main)
-    sink = None
-    if is_main:
-        trained = next(model.parameters()).dtype
-        sink = HFDirectorySink(out_dir, config=model.config, dtype=dtype or trained,
-                               architecture=type(meta_skeleton(model)).__name__,
-                               generation_config=getattr(model, "generation_config", None),
-                               tokenizer=tokenizer)
+    sink = hf_directory_sink(model, out_dir, dtype=dtype, tokenizer=tokenizer) if is_main else None
     return exporter.export(sink)
 
 
@@ -37,7 +42,8 @@ def export_checkpoint_to_hf(ckpt: Path, out_dir: Path, *, dtype_name: str) -> in
     from graft.data.tokenizer import load_tokenizer
     from graft.models.build import build_skeleton
 
-    cfg = compose(config_files=[ckpt / "config.yaml"])
+    # One process reads the whole checkpoint: how the run was parallelized does not matter here.
+    cfg = compose(["engine.ep_size=1"], config_files=[ckpt / "config.yaml"])
     skeleton = build_skeleton(cfg.model)
     tensors = load_tensors(ckpt)
     dtype = resolve_dtype(dtype_name, skeleton)

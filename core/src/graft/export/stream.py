@@ -3,11 +3,14 @@
 Every rank walks the same parameters in the same order and takes part in gathering each one from
 its FSDP2 shards; the exporting rank (rank 0) converts it to HF layout (``graft_export_slots``),
 packs the result into a bucket of ``export.bucket_mb`` and hands full buckets to the sink. The
-full state dict is never built: extra memory stays within one bucket plus the largest parameter.
+full state dict is never built: extra memory stays within one bucket plus the largest parameter
+(for expert-parallel experts with per-expert HF tensors: one block of experts,
+`graft.export.expert_blocks`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +21,8 @@ from graft.export.bucket import Bucket
 from graft.export.context import ExportContext
 from graft.export.copy_plan import CopyPlan, fill_bucket, plan_copies
 from graft.export.delta import DeltaTracker
-from graft.export.gather import gather_full
+from graft.export.expert_blocks import ReceiveBuffers, stream_expert_blocks
+from graft.export.gather import expert_blocks, expert_mesh_dim, gather_full
 from graft.export.handlers import export_slots, exported_entries, meta_skeleton, passes_through
 from graft.export.sinks.base import DeltaEntry, DeltaSink, WeightSink
 
@@ -60,7 +64,15 @@ class ExportStats:
 def _entries(model: torch.nn.Module, dtype: torch.dtype | None,
              is_main: bool) -> Iterator[tuple[str, torch.Tensor, bool]]:
     ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype)
+    buffers = ReceiveBuffers()
     for name, value in exported_entries(model):
+        if streams_expert_blocks(name, value, dtype, ctx):
+            for block, offset in stream_expert_blocks(value, dtype=_cast(value, dtype),
+                                                      buffers=buffers, is_main=is_main):
+                block_ctx = dataclasses.replace(ctx, expert_offset=offset)
+                for hf_name, tensor in export_slots(name, block, block_ctx):
+                    yield hf_name, tensor, False
+            continue
         full, is_view = gather_full(value, dtype=dtype)
         if not is_main:
             continue
@@ -69,6 +81,23 @@ def _entries(model: torch.nn.Module, dtype: torch.dtype | None,
         else:
             for hf_name, tensor in export_slots(name, full, ctx):
                 yield hf_name, tensor, is_view
+
+
+def _cast(value: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype | None:
+    """The dtype a tensor is exported in: ``dtype`` for floating-point tensors, else its own."""
+    return dtype if dtype is not None and value.is_floating_point() else None
+
+
+def streams_expert_blocks(name: str, value: torch.Tensor, dtype: torch.dtype | None,
+                          ctx: ExportContext) -> bool:
+    """True for an expert-parallel parameter whose handler maps a block of experts to HF
+    tensors of its own (per-expert names): it is streamed block by block. A handler that would
+    pass a block through unchanged (a fused HF layout) gets the whole tensor instead."""
+    if expert_mesh_dim(value) is None:
+        return False
+    offset, size = expert_blocks(value)[0]
+    shape = (size, *value.shape[1:])
+    return not passes_through(name, shape, _cast(value, dtype) or value.dtype, ctx)
 
 
 def hf_tensors(model: torch.nn.Module, *, dtype: torch.dtype | None,
@@ -144,9 +173,12 @@ class WeightExporter:
                stats: ExportStats) -> None:
         if self.tracker is not None:
             entry = self.tracker.diff(name, tensor)
-            if entry is not None:
+            if entry is None:
+                return
+            if entry.rows is not None:
                 self._send_delta(sink, entry, stats)
-            return
+                return
+            # a new or wholly changed tensor travels like a full export's, in the bucket
         if not self.bucket.add(name, tensor, defer=is_view):
             self._flush(sink, stats)
             if not self.bucket.add(name, tensor, defer=is_view):  # larger than a bucket

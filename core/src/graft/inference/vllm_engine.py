@@ -31,11 +31,13 @@ def import_vllm() -> Any:
 
 
 def start_engine(model_dir: Path, *, dtype: str, max_model_len: int, seed: int,
-                 gpu_memory_utilization: float = 0.3, in_process: bool = True) -> Any:
+                 gpu_memory_utilization: float = 0.3, in_process: bool = True,
+                 **engine_options: Any) -> Any:
     """A ``vllm.LLM`` serving ``model_dir``, in this process or in its own.
 
     Log-probabilities are reported after temperature (``processed_logprobs``), the
-    distribution the trainer recomputes.
+    distribution the trainer recomputes. ``engine_options`` are further ``vllm.LLM`` arguments
+    (``enable_return_routed_experts``...).
     """
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     vllm = import_vllm()
@@ -44,7 +46,7 @@ def start_engine(model_dir: Path, *, dtype: str, max_model_len: int, seed: int,
     set_num_threads = torch.set_num_threads  # vLLM replaces it process-wide with a no-op
     kwargs: dict[str, Any] = {"model": str(model_dir), "dtype": dtype, "seed": seed,
                               "max_model_len": max_model_len, "enforce_eager": True,
-                              "logprobs_mode": "processed_logprobs"}
+                              "logprobs_mode": "processed_logprobs", **engine_options}
     if not in_process:
         kwargs["worker_extension_cls"] = "graft.inference.vllm_worker.GraftWorkerExtension"
     if torch.cuda.is_available():

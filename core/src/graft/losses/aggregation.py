@@ -19,6 +19,7 @@ split. Sequences with no valid token contribute nothing and are not counted in `
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,10 +34,22 @@ class AggregationContext:
     loss_scale_factor: float
 
 
+def loss_scale_factor(cfg: Any) -> float:
+    """``C`` of ``seq-mean-token-sum-norm``: ``loss.loss_scale_factor``, or when null the run's
+    response token cap (``rollout.max_new_tokens`` in RL, ``data.max_response_tokens``
+    otherwise), which is the padded response length of the formula. One source for every job."""
+    if cfg.loss.loss_scale_factor is not None:
+        return float(cfg.loss.loss_scale_factor)
+    cap = cfg.rollout.max_new_tokens if cfg.trainer.mode == "rl" else cfg.data.max_response_tokens
+    return float(cap)
+
+
 def aggregate_builtin(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str,
                       ctx: AggregationContext) -> torch.Tensor:
     """The scalar a micro-batch contributes under built-in ``mode`` (formulas above)."""
-    masked = loss_mat * loss_mask
+    # `where`, not only `* mask`: a NaN or inf at a masked position (a pad, an empty answer)
+    # must not reach the sum (inf * 0 = nan).
+    masked = torch.where(loss_mask != 0, loss_mat * loss_mask, 0.0)
     tokens = max(ctx.global_tokens, 1.0)
     sequences = max(ctx.global_sequences, 1.0)
     if mode == "token-mean":

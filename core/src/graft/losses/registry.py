@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def policy_losses(manager: GraftPluginManager | None = None) -> dict[str, Callable[..., Any]]:
     """Every policy loss by name; two providers of one name is a `PluginError` naming both."""
     manager = manager or get_plugin_manager()
-    return collect_named(manager.hook.graft_policy_losses, "policy loss")
+    return collect_named(manager, "graft_policy_losses", "policy loss")
 
 
 def policy_loss_names(manager: GraftPluginManager | None = None) -> list[str]:
@@ -44,5 +44,32 @@ def aggregate_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str,
                                                ctx=ctx)
     if result is None:
         raise ConfigError(f"loss.loss_agg_mode={mode!r} is handled by no plugin; valid modes: "
-                          f"{', '.join(loss_agg_mode_names(manager))}")
+                          f"{', '.join(loss_agg_mode_names(manager))}.{agg_mode_hint(manager)}")
     return result
+
+
+def undeclared_aggregators(manager: GraftPluginManager | None = None) -> list[str]:
+    """Names of the plugins that implement ``graft_loss_aggregate`` but not ``graft_loss_agg_modes``.
+
+    Their modes would work in the loss, but config validation rejects them: only declared names
+    are valid values of ``loss.loss_agg_mode``.
+    """
+    manager = manager or get_plugin_manager()
+    declared = {impl.plugin_name for impl in manager.hook.graft_loss_agg_modes.get_hookimpls()}
+    return [impl.plugin_name for impl in manager.hook.graft_loss_aggregate.get_hookimpls()
+            if impl.plugin_name not in declared]
+
+
+def agg_mode_hint(manager: GraftPluginManager | None = None) -> str:
+    """The sentence to append to an unknown ``loss.loss_agg_mode`` error; "" when none applies.
+
+    It names the plugins that aggregate without declaring their modes and says how to fix them.
+    It starts with a space, so it follows the error's last sentence directly.
+    """
+    names = undeclared_aggregators(manager)
+    if not names:
+        return ""
+    return (f" Plugins implementing graft_loss_aggregate without declaring a mode: "
+            f"{', '.join(map(repr, names))}; such a plugin must also implement "
+            f"graft_loss_agg_modes, returning the mode names it handles, for config validation "
+            f"to accept them.")

@@ -105,6 +105,28 @@ def deepseek_v4_hash_table(model: torch.nn.Module, seed: int) -> None:
         table.copy_(torch.stack(rows).to(table.dtype))
 
 
+def softmax_topk_weights(router: torch.nn.Module, logits: torch.Tensor,
+                         ids: torch.Tensor) -> torch.Tensor:
+    """Qwen3-MoE: softmax over all experts, the chosen ones' probabilities, renormalised when
+    the router does (``norm_topk_prob``), in the logits' dtype."""
+    import torch
+
+    weights = torch.softmax(logits, dim=-1, dtype=torch.float).gather(1, ids)
+    if router.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype)
+
+
+def sigmoid_topk_weights(router: torch.nn.Module, logits: torch.Tensor,
+                         ids: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3: the chosen experts' sigmoid scores (without the selection bias),
+    renormalised when the router does, times ``routed_scaling_factor``."""
+    weights = logits.sigmoid().gather(1, ids)
+    if router.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * router.routed_scaling_factor
+
+
 def routers_at(attribute: str) -> Any:
     """A ``router_modules`` function returning ``layer.mlp.<attribute>`` of every MoE layer."""
 
@@ -119,11 +141,11 @@ def routers_at(attribute: str) -> Any:
 BUILTIN_FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("llama", presets={"tiny-llama": tiny_llama}),
     ModelFamily("qwen3_moe", presets={"tiny-qwen3-moe": tiny_qwen3_moe},
-                router_modules=routers_at("gate")),
+                router_modules=routers_at("gate"), routing_weights=softmax_topk_weights),
     ModelFamily("gpt_oss", presets={"tiny-gpt-oss": tiny_gpt_oss},
                 packed_attention_mask=gpt_oss_packed_mask, router_modules=routers_at("router")),
     ModelFamily("deepseek_v3", presets={"tiny-deepseek-v3": tiny_deepseek_v3},
-                router_modules=routers_at("gate")),
+                router_modules=routers_at("gate"), routing_weights=sigmoid_topk_weights),
     # V4's compressed attention mixes positions across packed samples, so no packing.
     ModelFamily("deepseek_v4", presets={"tiny-deepseek-v4": tiny_deepseek_v4},
                 packs_sequences=False, init_weights=deepseek_v4_hash_table,

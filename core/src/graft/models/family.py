@@ -44,12 +44,23 @@ class ModelFamily:
             models whose mask code ignores ``position_ids``).
         init_weights: called after a random init (presets) to give buffers sensible values.
         router_modules: the MoE router modules in layer order (routing replay); None for dense.
-        parallelize: ``f(model, family, *, cfg, mesh, device) -> model`` replacing
-            `graft.engine.parallelize.parallelize_standard` (e.g. to add expert parallelism);
-            compose the ``apply_*`` helpers of that module, and call ``apply_pre_shard_hooks``
-            after activation checkpointing and before ``fully_shard`` (checked). The model
-            arrives on ``device``.
-        extras: free-form data for plugins (export handlers, EP layouts), keyed by plugin name.
+        routing_weights: ``f(router, logits, ids) -> weights``: the weights ``router`` gives the
+            experts ``ids`` ``(T, k)`` from its logits ``(T, E)`` (its forward's first output),
+            with the family's own normalisation; a plugin that imposes the experts (routing
+            replay) recomputes the weights with it, so gradients still reach the router. None
+            where nobody needs it.
+        parallelize: ``f(model, family, *, cfg, mesh, device, role, meshes) -> model``
+            replacing `graft.engine.parallelize.parallelize_standard` (e.g. to add expert
+            parallelism); compose the ``apply_*`` helpers of that module, and call
+            ``apply_pre_shard_hooks`` (with ``role`` and ``meshes``) after activation
+            checkpointing and before ``fully_shard`` (checked). The model arrives on
+            ``device``; ``mesh`` is the data-parallel mesh, ``meshes`` the run's
+            `graft.engine.parallel_dims.ParallelMeshes` (``meshes["ep"]``,
+            ``meshes["efsdp"]``). It may take any subset of the keyword arguments.
+        expert_parallel: True when ``parallelize`` implements ``engine.ep_size > 1`` (experts
+            split over ``meshes["ep"]``, see `graft.engine.expert_parallel`); ``ep_size > 1`` is a
+            config error for other families.
+        extras: free-form data for plugins (EP layouts, adapters), keyed by plugin name.
     """
 
     model_type: str
@@ -59,5 +70,7 @@ class ModelFamily:
     packed_attention_mask: Callable[[PretrainedConfig, torch.Tensor, torch.dtype], Any] = no_packed_mask
     init_weights: Callable[[torch.nn.Module, int], None] | None = None
     router_modules: Callable[[torch.nn.Module], Sequence[torch.nn.Module]] | None = None
+    routing_weights: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     parallelize: Callable[..., torch.nn.Module] | None = None
+    expert_parallel: bool = False
     extras: dict[str, Any] = field(default_factory=dict)

@@ -21,7 +21,7 @@ def model_families(manager: GraftPluginManager | None = None) -> dict[str, Model
     Two plugins providing the same ``model_type`` is a `PluginError` naming both.
     """
     manager = manager or get_plugin_manager()
-    provided = collect_named(manager.hook.graft_model_families, "model family",
+    provided = collect_named(manager, "graft_model_families", "model family",
                              key=lambda family: family.model_type, expect=ModelFamily)
     # A plugin's family replaces the built-in one of its model_type (keeping its position).
     return {**{family.model_type: family for family in BUILTIN_FAMILIES}, **provided}

@@ -30,8 +30,9 @@ PluginStatus = Literal["loaded", "disabled", "failed", "builtin"]
 
 # Core modules that implement hooks themselves (the core uses its own API). They register before
 # any plugin, so a plugin's implementation of a firstresult hook is asked first.
-BUILTIN_PLUGINS: tuple[str, ...] = ("graft.losses.builtin", "graft.checkpoint.backfill", "graft.rl.builtin",
-                                    "graft.export.builtin")
+BUILTIN_PLUGINS: tuple[str, ...] = ("graft.losses.builtin", "graft.checkpoint.backfill",
+                                    "graft.rl.builtin", "graft.export.builtin",
+                                    "graft.rollout.builtin", "graft.training.builtin")
 
 
 @dataclass
@@ -104,6 +105,7 @@ class GraftPluginManager:
                 continue
             self._load_candidate(candidate, explicit=explicit)
         self.pm.check_pending()
+        self._warn_undeclared_agg_modes()
 
     def register(self, plugin: object, name: str, *, distribution: str = "<local>",
                  version: str = "", target: str = "") -> PluginRecord:
@@ -137,6 +139,15 @@ class GraftPluginManager:
     def loaded_names(self) -> list[str]:
         """Names of the plugins whose hooks are active (built-ins included)."""
         return [r.name for r in self.records.values() if r.status in ("loaded", "builtin")]
+
+    def _warn_undeclared_agg_modes(self) -> None:
+        """A plugin whose loss modes config validation will reject is worth a word at load."""
+        from graft.losses.registry import undeclared_aggregators
+
+        for name in undeclared_aggregators(self):
+            logger.warning("plugin %r implements graft_loss_aggregate but declares no mode with "
+                           "graft_loss_agg_modes, so loss.loss_agg_mode cannot select its modes",
+                           name)
 
     def _register_builtin(self, module_name: str) -> None:
         record = self.register(importlib.import_module(module_name), module_name,

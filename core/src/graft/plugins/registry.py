@@ -3,26 +3,34 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from graft.errors import PluginError
 
+if TYPE_CHECKING:
+    from graft.plugins.manager import GraftPluginManager
 
-def collect_named(hook: pluggy.HookCaller, kind: str, *, key: Callable[[Any], str] | None = None,
+
+def collect_named(manager: GraftPluginManager, hook_name: str, kind: str, *,
+                  key: Callable[[Any], str] | None = None,
                   expect: type | None = None) -> dict[str, Any]:
     """Merge every implementation's objects by name; one name from two plugins is an error.
 
     Implementations return ``{name: object}``, or, with ``key``, a list of objects each named
     ``key(object)`` (model families by ``model_type``). ``kind`` names the registry in messages
     ("policy loss", "reward"); with ``expect`` an object of another type is a `PluginError`
-    naming the plugin. Order: implementations in registration order, then their own order.
+    naming the plugin. Each implementation is called through pluggy's hook machinery (one
+    implementation at a time, so every object is attributed to its plugin), which makes the
+    calls visible to ``GRAFT_TRACE_PLUGINS``. Order: implementations in registration order, then
+    their own order.
     """
+    hook = getattr(manager.hook, hook_name)
     found: dict[str, Any] = {}
     owner: dict[str, str] = {}
     for impl in hook.get_hookimpls():
-        for name, value in _entries(impl, hook.name, key, expect):
+        for name, value in _entries(impl, hook, key, expect, manager.pm):
             if name in owner:
                 raise PluginError(f"plugins {owner[name]!r} and {impl.plugin_name!r} both declare "
                                   f"the {kind} {name!r}; disable one (--disable-plugin)")
@@ -30,13 +38,21 @@ def collect_named(hook: pluggy.HookCaller, kind: str, *, key: Callable[[Any], st
     return found
 
 
-def _entries(impl: pluggy.HookImpl, hook_name: str, key: Callable[[Any], str] | None,
-             expect: type | None) -> list[tuple[str, Any]]:
+def _call_one(hook: pluggy.HookCaller, impl: pluggy.HookImpl,
+              manager: pluggy.PluginManager) -> Any:
+    """``impl``'s result, called through the manager's hook execution (traced, monitored)."""
+    others = [i.plugin for i in hook.get_hookimpls() if i is not impl]
+    results = manager.subset_hook_caller(hook.name, remove_plugins=others)()
+    return results[0] if results else None
+
+
+def _entries(impl: pluggy.HookImpl, hook: pluggy.HookCaller, key: Callable[[Any], str] | None,
+             expect: type | None, manager: pluggy.PluginManager) -> list[tuple[str, Any]]:
     """The ``(name, object)`` pairs one implementation returns, type-checked before naming."""
-    result = impl.function() or {}
+    result = _call_one(hook, impl, manager) or {}
     values = list(result.values() if key is None else result)
     for value in values:
         if expect is not None and not isinstance(value, expect):
-            raise PluginError(f"plugin {impl.plugin_name!r}: {hook_name} must return "
+            raise PluginError(f"plugin {impl.plugin_name!r}: {hook.name} must return "
                               f"{expect.__name__} objects, got {value!r}")
     return list(result.items()) if key is None else [(key(value), value) for value in values]

@@ -1,29 +1,76 @@
-"""Group-relative advantages: GRPO (optionally without the std, Dr. GRPO) and RLOO.
+"""Advantage estimators: a registry (``graft_advantage_estimators``) with GRPO (optionally without
+the std, Dr. GRPO) and RLOO built in.
 
-Rewards come in groups of ``n`` samples of the same prompt, consecutive.
+Rewards come in groups of ``n`` samples of the same prompt, consecutive. Group statistics are
+computed in float64 and a group whose rewards are all equal gets advantages of exactly 0 (a
+reward such as 0.7 or 2/3 is not exact in float32, and dividing its rounding noise by a tiny
+std would give advantages of ~0.06).
 """
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from graft.plugins import GraftPluginManager, get_plugin_manager
+from graft.plugins.keywords import call_with_keywords
+from graft.plugins.registry import collect_named
+
+if TYPE_CHECKING:  # torch is imported where the math runs: config validation reads this module
+    import torch
 
 EPS = 1e-6
 
 
-def group_advantages(rewards: torch.Tensor, n: int, *, estimator: str,
-                     norm_by_std: bool = True) -> torch.Tensor:
-    """One advantage per sample.
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """An advantage estimator: ``compute(rewards, *, group_size, cfg) -> advantages`` and the
+    smallest group size (``rollout.n``) it gives a learning signal with (config validation
+    rejects smaller ones)."""
 
-    * ``grpo``: ``(r - mean_group) / (std_group + eps)``, or ``r - mean_group`` when
-      ``norm_by_std`` is false (Dr. GRPO).
-    * ``rloo``: ``r - mean of the other n - 1 samples`` = ``n / (n - 1) * (r - mean_group)``.
-    """
-    groups = rewards.float().reshape(-1, n)
-    centred = groups - groups.mean(dim=1, keepdim=True)
-    if estimator == "grpo":
-        out = centred / (groups.std(dim=1, keepdim=True) + EPS) if norm_by_std and n > 1 else centred
-    elif estimator == "rloo":
-        out = centred * n / (n - 1) if n > 1 else torch.zeros_like(centred)
-    else:
-        raise ValueError(f"unknown advantage estimator {estimator!r}")
-    return out.reshape(-1)
+    compute: Callable[..., torch.Tensor]
+    min_group_size: int = 1
+
+
+def _groups(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards as ``(groups, n)`` float64, centred on each group's mean, and a mask of the groups
+    whose rewards are all equal (their advantages are exactly 0)."""
+    import torch
+
+    groups = rewards.double().reshape(-1, group_size)
+    flat = groups.amax(dim=1, keepdim=True) == groups.amin(dim=1, keepdim=True)
+    centred = torch.where(flat, 0.0, groups - groups.mean(dim=1, keepdim=True))
+    return centred, groups
+
+
+def grpo(rewards: torch.Tensor, *, group_size: int, cfg: Any) -> torch.Tensor:
+    """``(r - mean_group) / (std_group + eps)``, or ``r - mean_group`` when
+    ``algorithm.norm_adv_by_std`` is false (Dr. GRPO)."""
+    centred, groups = _groups(rewards, group_size)
+    if cfg.algorithm.norm_adv_by_std:
+        centred = centred / (groups.std(dim=1, keepdim=True) + EPS)
+    return centred.reshape(-1)
+
+
+def rloo(rewards: torch.Tensor, *, group_size: int, cfg: Any) -> torch.Tensor:
+    """``r - mean of the other n - 1 samples`` = ``n / (n - 1) * (r - mean_group)``."""
+    centred, _ = _groups(rewards, group_size)
+    return (centred * group_size / (group_size - 1)).reshape(-1)
+
+
+def advantage_estimators(manager: GraftPluginManager | None = None
+                         ) -> dict[str, AdvantageEstimator]:
+    """Every estimator by name (plain functions wrapped with ``min_group_size=1``); two
+    providers of one name is a `PluginError` naming both."""
+    found = collect_named(manager or get_plugin_manager(), "graft_advantage_estimators",
+                          "advantage estimator")
+    return {name: value if isinstance(value, AdvantageEstimator) else AdvantageEstimator(value)
+            for name, value in found.items()}
+
+
+def compute_advantages(estimator: AdvantageEstimator, rewards: torch.Tensor, *,
+                       group_size: int, cfg: Any) -> torch.Tensor:
+    """One float32 advantage per sample from ``estimator`` (rewards in consecutive groups)."""
+    out = call_with_keywords(estimator.compute, rewards.double(), group_size=group_size, cfg=cfg)
+    return out.float()

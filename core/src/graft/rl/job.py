@@ -2,7 +2,10 @@
 
 Each rank takes its share of the step's prompts, generates ``rollout.n`` samples per prompt, and
 trains on them with the configured policy loss and ``loss.loss_agg_mode`` (normalisers global
-over each mini-batch). After the update the rollout engine receives the new weights.
+over each mini-batch). The old log-probs are recomputed only when the step updates more than
+once (``algorithm.ppo_epochs`` x ``algorithm.mini_batches`` > 1): with a single update they equal
+the update's own (the ratio is 1 by construction). After the update the rollout engine receives
+the new weights.
 """
 
 from __future__ import annotations
@@ -14,27 +17,41 @@ from typing import Any
 
 import torch
 
-from graft.data.dataset import encode_prompt, load_text_samples
+from graft.data.dataset import encode_prompts, load_text_samples
 from graft.data.sampler import EpochSampler
 from graft.engine.distributed import DistEnv, all_reduce
 from graft.engine.micro_batch import MicroBatch, TokenSample
+from graft.engine.phase import OLD_LOGPROBS, REF_LOGPROBS, ROLLOUT_LOGPROBS
 from graft.engine.train_engine import LossFn, TrainEngine
+from graft.losses.aggregation import loss_scale_factor
 from graft.losses.registry import policy_losses
 from graft.plugins import get_plugin_manager
-from graft.rl.advantages import group_advantages
+from graft.plugins.keywords import call_with_keywords
+from graft.rl.advantages import advantage_estimators, compute_advantages
 from graft.rl.kl import kl_penalty
 from graft.rl.rewards import resolve_reward
 from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
 
+MISMATCH = "train_infer_logprob_diff"
 
-def rl_loss(loss_cfg: Any) -> LossFn:
-    """The configured policy loss plus the KL penalty (``loss.kl_coef``) per token."""
+
+def rl_loss(cfg: Any, *, on_policy: bool = False) -> LossFn:
+    """The configured policy loss plus the KL penalty (``loss.kl_coef``) per token.
+
+    ``on_policy``: no old log-probs were recomputed; they are the update's own (detached), and
+    the train-inference mismatch is measured here instead.
+    """
+    loss_cfg = cfg.loss
     policy = policy_losses()[loss_cfg.policy_loss]
 
     def loss_fn(logp: torch.Tensor, tensors: Mapping[str, torch.Tensor],
                 mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        loss, metrics = policy(logp=logp, old_logp=tensors["old_logprobs"],
-                               advantages=tensors["advantages"], mask=mask, cfg=loss_cfg)
+        old = logp.detach() if on_policy else tensors["old_logprobs"]
+        loss, metrics = call_with_keywords(policy, logp=logp, old_logp=old,
+                                           advantages=tensors["advantages"], mask=mask,
+                                           cfg=loss_cfg, root_cfg=cfg, tensors=tensors)
+        if on_policy:
+            metrics = {**metrics, MISMATCH: (old - tensors["rollout_logprobs"]).abs()}
         if loss_cfg.kl_coef > 0:
             kl = kl_penalty(logp, tensors["ref_logprobs"], loss_cfg.kl_type)
             loss = loss + loss_cfg.kl_coef * kl
@@ -61,10 +78,10 @@ class RLJob:
         self.env = env
         self.tokenizer = tokenizer
         self.texts = load_text_samples(cfg.data, seed=cfg.trainer.seed, require_response=False)
-        self.prompts = [encode_prompt(t.prompt, tokenizer, max_tokens=cfg.data.max_prompt_tokens,
-                                      index=i) for i, t in enumerate(self.texts)]
+        self.prompts = encode_prompts(self.texts, tokenizer, max_tokens=cfg.data.max_prompt_tokens)
         self.sampler = EpochSampler(len(self.texts), seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
         self.reward = resolve_reward(cfg.algorithm.reward, cfg.data.source)
+        self.estimator = advantage_estimators()[cfg.algorithm.advantage]
         self.spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p,
                                  cfg.rollout.max_new_tokens)
         self.rollout: RolloutEngine | None = None
@@ -72,9 +89,11 @@ class RLJob:
 
     def attach(self, engine: TrainEngine, run_dir: Path) -> None:
         """Start the rollout engine (and the frozen reference for the KL penalty)."""
-        from graft.rl.setup import build_reference, build_rollout
+        from graft.rl.setup import build_reference
+        from graft.rollout.registry import build_rollout
 
-        self.rollout = build_rollout(self.cfg, engine, self.env, run_dir, self.tokenizer)
+        self.rollout = build_rollout(self.cfg, engine=engine, env=self.env, run_dir=run_dir,
+                                     tokenizer=self.tokenizer)
         if self.cfg.loss.kl_coef > 0:
             self.reference = build_reference(self.cfg, self.env, engine)
 
@@ -82,27 +101,28 @@ class RLJob:
         """One RL step on this rank's share of ``rollout.prompts_per_step`` prompts."""
         hook = get_plugin_manager().hook
         indices = self.sampler.next_batch(self.cfg.rollout.prompts_per_step)
-        local = indices[self.env.rank::self.env.world_size]
+        local = indices[self.env.dp_rank::self.env.dp_size]
         n = self.cfg.rollout.n
         prompts = [self.prompts[i] for i in local for _ in range(n)]
-        hook.graft_rollout_begin(engine=self.rollout.name, cfg=self.cfg,
-                                 model=engine.model if self.rollout.name == "embedded" else None)
+        kind = self.rollout.kind
+        hook.graft_rollout_begin(engine=kind, rollout=self.rollout, cfg=self.cfg,
+                                 model=self.rollout.model)
         started = time.perf_counter()
         samples = self.rollout.generate(prompts, self.spec) if prompts else []
         rollout_s = time.perf_counter() - started
-        hook.graft_rollout_end(samples=samples, engine=self.rollout.name, cfg=self.cfg)
+        hook.graft_rollout_end(samples=samples, engine=kind, rollout=self.rollout, cfg=self.cfg)
         texts = [self.texts[i] for i in local for _ in range(n)]
         rewards = torch.tensor([float(self.reward(self._decode(s), t))
-                                for s, t in zip(samples, texts, strict=True)])
-        advantages = group_advantages(rewards, n, estimator=self.cfg.algorithm.advantage,
-                                      norm_by_std=self.cfg.algorithm.norm_adv_by_std)
+                                for s, t in zip(samples, texts, strict=True)], dtype=torch.float64)
+        advantages = compute_advantages(self.estimator, rewards, group_size=n, cfg=self.cfg)
         started = time.perf_counter()
         batches = self._micro_batches(engine, samples, advantages)
-        mismatch = self._add_old_logprobs(engine, batches)
-        metrics = self._update(engine, batches)
+        on_policy = self._updates(batches) == 1
+        mismatch = self._add_logprobs(engine, batches, samples, on_policy=on_policy)
+        metrics = {**self._update(engine, batches, on_policy=on_policy), **mismatch}
         update_s = time.perf_counter() - started
         metrics.update(self.rollout.sync_weights())
-        metrics.update(self._rollout_metrics(samples, rewards, rollout_s, update_s), **mismatch)
+        metrics.update(self._rollout_metrics(samples, rewards, rollout_s, update_s))
         return metrics
 
     def _decode(self, sample: RolloutSample) -> str:
@@ -113,41 +133,66 @@ class RLJob:
         tokens = [TokenSample(s.prompt_ids + s.response_ids, len(s.prompt_ids)) for s in samples]
         extras: dict[str, list[torch.Tensor]] = {
             "advantages": [torch.full((len(t),), float(a)) for t, a in zip(tokens, advantages,
-                                                                        strict=True)],
-            "rollout_logprobs": [label_aligned(s, s.logprobs) for s in samples]}
+                                                                        strict=True)]}
+        if all(s.logprobs is not None for s in samples):
+            extras["rollout_logprobs"] = [label_aligned(s, s.logprobs) for s in samples]
         for name in samples[0].extras if samples else ():
             extras[name] = [s.extras[name] for s in samples]
         return engine.micro_batches(tokens, extras=extras,
                                     temperatures=[self.spec.temperature] * len(tokens))
 
-    def _add_old_logprobs(self, engine: TrainEngine, batches: list[MicroBatch]) -> dict[str, float]:
-        """Recompute the sampled tokens' log-probs with the trainer (and the reference).
+    def _updates(self, batches: list[MicroBatch]) -> int:
+        """Optimizer steps this RL step takes: ``ppo_epochs`` x mini-batches."""
+        algorithm = self.cfg.algorithm
+        return algorithm.ppo_epochs * max(1, min(algorithm.mini_batches, len(batches)))
 
-        The grids are stored as they come (pad positions hold real log-probs, not 0): the loss
-        reads them through ``to_sequences``, which zeroes the pad.
+    def _add_logprobs(self, engine: TrainEngine, batches: list[MicroBatch],
+                      samples: Sequence[RolloutSample], *, on_policy: bool) -> dict[str, float]:
+        """The trainer's log-probs each pass needs, stored in the micro-batches.
+
+        The engine's log-probs when it gave none (phase ``rollout_logprobs``); the old log-probs
+        unless the step is on-policy (phase ``old_logprobs``), with the train-inference
+        mismatch; the reference's for the KL penalty (phase ``ref_logprobs``). The grids are
+        stored as they come (pad positions hold real log-probs, not 0): the loss reads them
+        through ``to_sequences``, which zeroes the pad.
         """
+        if not all(s.logprobs is not None for s in samples):
+            for batch, logp in zip(batches, engine.logprobs(batches, phase=ROLLOUT_LOGPROBS),
+                                   strict=True):
+                batch.tensors["rollout_logprobs"] = logp
+        mismatch = {}
+        if not on_policy:
+            olds = engine.logprobs(batches, phase=OLD_LOGPROBS)
+            for batch, old in zip(batches, olds, strict=True):
+                batch.tensors["old_logprobs"] = old
+            mismatch = {MISMATCH: self._mismatch(batches)}
+        if self.reference is not None:
+            for batch, ref in zip(batches, self.reference.logprobs(batches, phase=REF_LOGPROBS),
+                                  strict=True):
+                batch.tensors["ref_logprobs"] = ref
+        return mismatch
+
+    def _mismatch(self, batches: list[MicroBatch]) -> float:
+        """Mean |old - rollout| log-prob per response token, over all ranks."""
         diff_sum = count = 0.0
-        for batch, old in zip(batches, engine.logprobs(batches), strict=True):
-            batch.tensors["old_logprobs"] = old
+        for batch in batches:
             mask = batch.tensors["loss_mask"]
             # `where`, not `* mask`: whatever the pad holds cannot reach the sum (inf * 0 = nan).
-            diff = torch.where(mask != 0, (old - batch.tensors["rollout_logprobs"]).abs() * mask,
-                               0.0)
+            diff = torch.where(mask != 0, (batch.tensors["old_logprobs"]
+                                           - batch.tensors["rollout_logprobs"]).abs() * mask, 0.0)
             diff_sum += float(diff.sum())
             count += float(mask.sum())
-        if self.reference is not None:
-            for batch, ref in zip(batches, self.reference.logprobs(batches), strict=True):
-                batch.tensors["ref_logprobs"] = ref
         totals = all_reduce(torch.tensor([diff_sum, count], dtype=torch.float64,
-                                         device=self.env.device))
-        return {"train_infer_logprob_diff": float(totals[0]) / max(float(totals[1]), 1.0)}
+                                         device=self.env.device), group=self.env.dp_group)
+        return float(totals[0]) / max(float(totals[1]), 1.0)
 
-    def _update(self, engine: TrainEngine, batches: list[MicroBatch]) -> dict[str, float]:
+    def _update(self, engine: TrainEngine, batches: list[MicroBatch], *,
+                on_policy: bool) -> dict[str, float]:
         """``ppo_epochs`` passes, ``mini_batches`` optimizer steps each; metrics averaged."""
         algorithm = self.cfg.algorithm
         groups = max(1, min(algorithm.mini_batches, len(batches)))
-        loss_fn = rl_loss(self.cfg.loss)
-        scale = self.cfg.loss.loss_scale_factor or float(self.cfg.rollout.max_new_tokens)
+        loss_fn = rl_loss(self.cfg, on_policy=on_policy)
+        scale = loss_scale_factor(self.cfg)
         results, norms = [], []
         for _ in range(algorithm.ppo_epochs):
             for group in range(groups):
@@ -168,7 +213,8 @@ class RLJob:
         lengths = sum(len(s.response_ids) for s in samples)
         stats = all_reduce(torch.tensor(
             [float(rewards.sum()), float(rewards.square().sum()), float(len(samples)),
-             float(lengths)], dtype=torch.float64, device=self.env.device))
+             float(lengths)], dtype=torch.float64, device=self.env.device),
+            group=self.env.dp_group)
         total, squares, count, generated = (float(v) for v in stats)
         mean = total / max(count, 1.0)
         return {"reward_mean": mean,

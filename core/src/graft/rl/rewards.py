@@ -14,7 +14,7 @@ RewardFn = Callable[[str, TextSample], float]
 def reward_functions(manager: GraftPluginManager | None = None) -> dict[str, RewardFn]:
     """Every reward by name; two providers of one name is a `PluginError` naming both."""
     manager = manager or get_plugin_manager()
-    return collect_named(manager.hook.graft_reward_functions, "reward")
+    return collect_named(manager, "graft_reward_functions", "reward")
 
 
 def reward_names(manager: GraftPluginManager | None = None) -> list[str]:

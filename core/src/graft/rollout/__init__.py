@@ -1,5 +1,18 @@
-"""Rollout engines for RL: the trainer's own model (embedded) or vLLM, behind one interface."""
+"""Rollout engines for RL: the trainer's own model (embedded), vLLM, or a plugin's, behind one
+interface (`graft.rollout.types.RolloutEngine`).
 
-from graft.rollout.types import RolloutSample, SamplingSpec
+Importing the package is cheap (the built-in engine registry lives here and loads with every
+command); the types import torch when first used.
+"""
 
-__all__ = ["RolloutSample", "SamplingSpec"]
+from typing import Any
+
+__all__ = ["RolloutEngine", "RolloutSample", "SamplingSpec"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from graft.rollout import types
+
+        return getattr(types, name)
+    raise AttributeError(f"module 'graft.rollout' has no attribute {name!r}")

@@ -14,13 +14,14 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from graft.engine.logprobs import token_logprobs
-from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos
+from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos, refuse_extras
 
 
 class EmbeddedRollout:
     """Samples from the model being trained; its weights are always current."""
 
-    name = "embedded"
+    kind = "embedded"
+    llm = None
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_id: int,
                  device: torch.device, reshard_blocks: bool = True) -> None:
@@ -53,6 +54,10 @@ class EmbeddedRollout:
             response = cut_at_eos(new_tokens[row].tolist(), self.eos_token_id)
             samples.append(RolloutSample(prompt, response, logprobs[row, :len(response)].cpu()))
         return samples
+
+    def request_extras(self, *names: str) -> None:
+        """No per-request outputs: plugins record what they need with hooks on `model`."""
+        refuse_extras(self.kind, names)
 
     def sync_weights(self) -> dict[str, float]:
         """Nothing to do: the engine is the trained model."""

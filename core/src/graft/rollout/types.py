@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+
+from graft.errors import PluginError
 
 
 @dataclass(frozen=True)
@@ -25,21 +27,38 @@ class RolloutSample:
         prompt_ids / response_ids: token ids (the response ends with ``eos`` unless it was cut
             at ``max_new_tokens``).
         logprobs: the generator's log-probability of each response token under
-            ``logits / temperature`` (fp32, ``len(response_ids)``).
+            ``logits / temperature`` (fp32, ``len(response_ids)``); None when the engine does
+            not report them (the trainer then computes them, phase ``rollout_logprobs``).
         extras: per-token tensors plugins recorded (``graft_rollout_end``), one row per token of
             prompt + response.
+        engine_extras: per-request outputs a plugin asked the engine for
+            (``RolloutEngine.request_extras``), as the engine returned them (e.g. vLLM's
+            ``routed_experts`` array); plugins turn them into ``extras``.
     """
 
     prompt_ids: list[int]
     response_ids: list[int]
-    logprobs: torch.Tensor
+    logprobs: torch.Tensor | None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    engine_extras: dict[str, Any] = field(default_factory=dict)
 
 
 class RolloutEngine(Protocol):
-    """Generates responses and takes new weights after every update."""
+    """Generates responses and takes new weights after every update.
 
-    name: str
+    What plugins see of it (``graft_rollout_begin/end``): ``kind`` (the ``rollout.engine``
+    name), ``model`` (the generating ``torch.nn.Module`` when it runs in the trainer, else
+    None), ``llm`` (the vLLM ``LLM`` for the vllm engine on the rank that hosts it, else None)
+    and `request_extras`.
+    """
+
+    kind: str
+    model: torch.nn.Module | None
+    llm: Any
+
+    def request_extras(self, *names: str) -> None:
+        """Ask for per-request outputs (``sample.engine_extras[name]``); `PluginError` when the
+        engine cannot return one, or when it must be asked before the engine starts."""
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
         """One response per prompt (repeat a prompt for several samples); every rank calls it."""
@@ -49,6 +68,16 @@ class RolloutEngine(Protocol):
 
     def close(self) -> None:
         """Release the engine."""
+
+
+def refuse_extras(kind: str, names: tuple[str, ...], supported: tuple[str, ...] = ()) -> None:
+    """`PluginError` for the first of ``names`` that engine ``kind`` cannot return."""
+    for name in names:
+        if name not in supported:
+            raise PluginError(f"the {kind} rollout engine cannot return the per-request output "
+                              f"{name!r} (it returns: {', '.join(supported) or 'none'}); record "
+                              f"it with hooks on rollout.model instead, or use an engine that "
+                              f"returns it")
 
 
 def cut_at_eos(tokens: list[int], eos_id: int | None) -> list[int]:

@@ -1,15 +1,16 @@
 """The vLLM rollout engine: a vLLM engine whose weights follow the trainer.
 
-At start the trainer's weights are exported to ``<run_dir>/rollout_init`` (a HF directory) and
-vLLM starts from it on rank 0; after every update `sync_weights` streams the new weights into it
-(`graft.export.sinks.vllm.VLLMSink`; only changed rows with ``export.delta``). With a single
-trainer process the engine runs inside it; under torchrun it runs in its own process, generates
-for every rank's prompts (gathered to rank 0) and hands the samples back.
+At start the trainer's weights are exported once to ``<run_dir>/rollout_init`` (a HF directory;
+with ``export.delta`` the same export is the delta baseline) and vLLM starts from it on rank 0 at
+the first generation (so plugins can still `request_extras` in ``graft_rollout_begin``); after
+every update `sync_weights` streams the new weights into it (`graft.export.sinks.vllm.VLLMSink`;
+only changed tensors with ``export.delta``). With a single trainer process the engine runs inside
+it; under torchrun it runs in its own process, generates for every rank's prompts (gathered to
+rank 0) and hands the samples back.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,40 +18,64 @@ import torch
 import torch.distributed as dist
 
 from graft.engine.distributed import DistEnv, broadcast_object
-from graft.export.hf import export_model_to_hf
-from graft.export.sinks.vllm import VLLMSink, safetensors_shapes
+from graft.errors import PluginError
+from graft.export.hf import hf_directory_sink
+from graft.export.sinks.vllm import VLLMSink
 from graft.export.stream import WeightExporter, default_bucket_bytes
 from graft.inference.vllm_engine import shutdown_engine, start_engine
-from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos
+from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos, refuse_extras
+
+# Per-request outputs vLLM can return, and the engine argument that turns each on.
+ENGINE_EXTRAS = {"routed_experts": {"enable_return_routed_experts": True}}
 
 
 class VLLMRollout:
     """Generates with vLLM on rank 0; `sync_weights` pushes the trainer's weights into it."""
 
-    name = "vllm"
+    kind = "vllm"
+    model = None
 
     def __init__(self, model: torch.nn.Module, *, compute_dtype: torch.dtype, cfg: Any,
                  env: DistEnv, run_dir: Path, tokenizer: Any) -> None:
         self.env = env
+        self.cfg = cfg
         self.eos_token_id = tokenizer.eos_token_id
         device = next(model.parameters()).device
         # vLLM computes in the trainer's compute dtype, so log-probs agree to rounding.
-        dtype_name = str(compute_dtype).removeprefix("torch.")
-        init_dir = run_dir / "rollout_init"
-        export_model_to_hf(model, init_dir, tokenizer=tokenizer, is_main=env.is_main,
-                           export_cfg=dataclasses.replace(cfg.export, dtype=dtype_name))
-        self.llm = self.sink = None
-        if env.is_main:
-            self.llm = start_engine(init_dir, dtype=dtype_name, seed=cfg.trainer.seed,
-                                    max_model_len=cfg.rollout.max_model_len,
-                                    gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-                                    in_process=env.world_size == 1)
-            self.sink = VLLMSink(self.llm, safetensors_shapes(init_dir))
+        self.dtype_name = str(compute_dtype).removeprefix("torch.")
+        self.init_dir = run_dir / "rollout_init"
         self.exporter = WeightExporter(
             model, bucket_bytes=default_bucket_bytes(cfg.export.bucket_mb, device),
             dtype=compute_dtype, delta=cfg.export.delta, is_main=env.is_main)
-        if cfg.export.delta:
-            self.exporter.export(self.sink)  # the delta baseline: what the engine holds now
+        init_sink = (hf_directory_sink(model, self.init_dir, dtype=compute_dtype,
+                                       tokenizer=tokenizer) if env.is_main else None)
+        self.exporter.export(init_sink)  # the engine's first weights (and the delta baseline)
+        self.shapes = init_sink.shapes if init_sink is not None else {}
+        self.llm: Any = None
+        self.sink: VLLMSink | None = None
+        self.extras: list[str] = []
+
+    def request_extras(self, *names: str) -> None:
+        """Ask vLLM for per-request outputs (``routed_experts``); before the first generation."""
+        refuse_extras(self.kind, names, tuple(ENGINE_EXTRAS))
+        new = [n for n in names if n not in self.extras]
+        if new and self.llm is not None:
+            raise PluginError(f"rollout.request_extras({', '.join(map(repr, new))}) after the vLLM "
+                              f"engine started; request them in graft_rollout_begin of the "
+                              f"first step")
+        self.extras.extend(new)
+
+    def _start(self) -> None:
+        options: dict[str, Any] = {}
+        for name in self.extras:
+            options.update(ENGINE_EXTRAS[name])
+        self.llm = start_engine(self.init_dir, dtype=self.dtype_name, seed=self.cfg.trainer.seed,
+                                max_model_len=self.cfg.rollout.max_model_len,
+                                gpu_memory_utilization=self.cfg.rollout.gpu_memory_utilization,
+                                in_process=self.env.world_size == 1, **options)
+        tracker = self.exporter.tracker
+        self.sink = VLLMSink(self.llm, self.shapes, delta=tracker is not None,
+                             current=tracker.snapshot if tracker is not None else None)
 
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
         """One sample per prompt; every rank's prompts are generated together on rank 0."""
@@ -71,6 +96,8 @@ class VLLMRollout:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        if self.llm is None:
+            self._start()
         params = SamplingParams(temperature=spec.temperature, top_p=spec.top_p,
                                 max_tokens=spec.max_new_tokens, logprobs=0)
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
@@ -81,7 +108,9 @@ class VLLMRollout:
             response = cut_at_eos(list(completion.token_ids), self.eos_token_id)
             logprobs = [position[token].logprob
                         for position, token in zip(completion.logprobs, response, strict=False)]
-            samples.append(RolloutSample(prompt, response, torch.tensor(logprobs)))
+            extras = {name: getattr(completion, name, None) for name in self.extras}
+            samples.append(RolloutSample(prompt, response, torch.tensor(logprobs),
+                                         engine_extras=extras))
         return samples
 
     def sync_weights(self) -> dict[str, float]:

@@ -4,8 +4,9 @@
   section composes into the full schema. Raises `graft.errors.PluginError` with the fix.
 * `check_installed_plugin(name)`: the same for the plugin installed under entry-point ``name``.
 * `check_config_section(name, dataclass)`: the section composes; returns its default values.
-* `registered_plugin(plugin)`: register a plugin in this process temporarily (also the pytest
-  fixture ``graft_plugin``, available automatically once graft is installed).
+* `registered_plugin(plugin)`: register a plugin in this process temporarily, in place of an
+  installed plugin of the same name if there is one (also the pytest fixture ``graft_plugin``,
+  available automatically once graft is installed).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from graft.errors import PluginError
-from graft.plugins import GraftPluginManager, get_plugin_manager
+from graft.plugins import GraftPluginManager, PluginRecord, get_plugin_manager
 from graft.plugins.discovery import discover_candidates
 
 __all__ = [
@@ -68,11 +69,44 @@ def check_config_section(name: str, schema: type) -> dict[str, Any]:
 @contextmanager
 def registered_plugin(plugin: object, name: str | None = None,
                       manager: GraftPluginManager | None = None) -> Iterator[GraftPluginManager]:
-    """Register ``plugin`` (in the process's manager by default) for the duration of the block."""
+    """Register ``plugin`` (in the process's manager by default) for the duration of the block.
+
+    A plugin already loaded under that name (the installed copy of the plugin under test), or
+    ``plugin`` itself loaded under another name, is taken out for the block and put back
+    afterwards, so the test sees ``plugin`` once. Graft's built-in plugins cannot be replaced.
+    """
     manager = manager or get_plugin_manager()
     plugin_name = name or getattr(plugin, "__name__", None) or f"test-plugin-{id(plugin)}"
-    manager.register(plugin, plugin_name)
+    taken: list[tuple[object | None, PluginRecord]] = []
     try:
-        yield manager
+        for held_name in dict.fromkeys([plugin_name, manager.pm.get_name(plugin)]):
+            if held_name is not None and held_name in manager.records:
+                taken.append(_take_out(manager, held_name))
+        manager.register(plugin, plugin_name)
+        try:
+            yield manager
+        finally:
+            manager.unregister(plugin_name)
     finally:
-        manager.unregister(plugin_name)
+        for held, record in reversed(taken):
+            _put_back(manager, held, record)
+
+
+def _take_out(manager: GraftPluginManager, name: str) -> tuple[object | None, PluginRecord]:
+    """Unregister the plugin ``name`` if loaded; return it (None if not loaded) and its record."""
+    record = manager.records[name]
+    if record.status == "builtin":
+        raise PluginError(f"{name!r} is one of Graft's built-in plugins; register the plugin under "
+                          f"test under another name")
+    held = manager.pm.get_plugin(name) if record.status == "loaded" else None
+    if held is not None:
+        manager.unregister(name)
+    return held, record
+
+
+def _put_back(manager: GraftPluginManager, held: object | None, record: PluginRecord) -> None:
+    """Undo `_take_out`: register the plugin again (if it was loaded) with its original record."""
+    if held is not None:
+        manager.register(held, record.name, distribution=record.distribution,
+                         version=record.version, target=record.target)
+    manager.records[record.name] = record

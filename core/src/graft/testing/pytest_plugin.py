@@ -15,7 +15,9 @@ def graft_plugin() -> Iterator[Callable[..., GraftPluginManager]]:
     """Register plugins in this process for one test: ``graft_plugin(MyPlugin(), name="x")``.
 
     Returns the process's plugin manager; every plugin registered through it is unregistered
-    when the test ends, so tests do not leak hooks into each other.
+    when the test ends, so tests do not leak hooks into each other. A plugin already loaded
+    under ``name`` (the installed copy of the plugin under test) is replaced for the test and
+    restored after it.
     """
     from graft.testing import registered_plugin
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import resource
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +36,12 @@ class MetricsLog:
         self._progress: Any = None
         self._task: Any = None
         self._tensorboard = _tensorboard_writer(run_dir) if (enabled and tensorboard) else None
+        self.started = time.perf_counter()
 
     def __enter__(self) -> MetricsLog:
-        if self.enabled:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._progress = Progress(TextColumn("[bold]step {task.completed}/{task.total}"),
-                                      BarColumn(), TextColumn("{task.description}"),
-                                      TimeRemainingColumn(), transient=True,
-                                      disable=not sys.stderr.isatty())
+        # A live progress bar only in a terminal; a file or a pipe gets plain, unwrapped lines.
+        if self.enabled and sys.stdout.isatty():
+            self._progress = step_progress()
             self._progress.__enter__()
             self._task = self._progress.add_task("", total=self.total_steps)
         return self
@@ -66,10 +64,35 @@ class MetricsLog:
                 if isinstance(value, (int, float)) and key != "step":
                     self._tensorboard.add_scalar(key, value, metrics["step"])
         line = format_metrics(metrics)
+        step_line = f"step {metrics['step']:>5}  {line}"
         if self._progress is not None:
             self._progress.update(self._task, completed=metrics["step"], description=line)
             if print_line:
-                self._progress.console.print(f"step {metrics['step']:>5}  {line}")
+                self._progress.console.print(step_line, markup=False)
+        elif print_line:
+            print(step_line, flush=True)
+
+    def elapsed_s(self) -> float:
+        """Wall-clock seconds since this log was created (at the start of training)."""
+        return time.perf_counter() - self.started
+
+
+def step_progress() -> Any:
+    """The live display in a terminal: ``step N/T``, a bar and the time left on one line, the
+    latest metrics below it (on their own line, so they never push the step count or the time
+    left out of a narrow terminal)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.text import Text
+
+    class StepProgress(Progress):
+        def get_renderables(self) -> Any:
+            yield self.make_tasks_table(self.tasks)
+            for task in self.tasks:
+                if task.description:
+                    yield Text(task.description)
+
+    return StepProgress(TextColumn("[bold]step {task.completed}/{task.total}"), BarColumn(),
+                        TimeRemainingColumn(), transient=True)
 
 
 def format_metrics(metrics: dict[str, Any]) -> str:
@@ -88,3 +111,31 @@ def _tensorboard_writer(run_dir: Path) -> Any:
     except ImportError:
         return None
     return SummaryWriter(str(run_dir / "tensorboard"))
+
+
+def print_summary(history: list[dict[str, Any]], run_dir: Any, *,
+                  wall_time_s: float | None = None) -> None:
+    """A short table: first and last loss (and reward), throughput, time, where outputs are.
+
+    ``wall_time_s`` is the whole of training (steps, checkpoints, export); the step time, the
+    sum of the steps' ``step_time_s``, is shown next to it.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    if not history:
+        return
+    table = Table(title="graft train: summary", show_header=False)
+    first, last = history[0], history[-1]
+    for key in ("loss", "reward_mean"):
+        if key in first:
+            table.add_row(key, f"{first[key]:.4f} (step {first['step']}) -> "
+                               f"{last[key]:.4f} (step {last['step']})")
+    table.add_row("steps", str(last["step"]))
+    table.add_row("tokens/s (mean)", f"{sum(m['tokens_per_s'] for m in history) / len(history):.0f}")
+    if wall_time_s is not None:
+        table.add_row("wall time (s)", f"{wall_time_s:.1f}")
+    table.add_row("step time (s)", f"{sum(m['step_time_s'] for m in history):.1f}")
+    table.add_row("peak memory (GiB)", f"{max(m['peak_memory_gib'] for m in history):.2f}")
+    table.add_row("run dir", str(run_dir))
+    Console().print(table)

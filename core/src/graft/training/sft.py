@@ -10,7 +10,9 @@ import torch
 from graft.data.dataset import load_text_samples, tokenize_sft
 from graft.data.sampler import EpochSampler
 from graft.engine.distributed import DistEnv
+from graft.engine.phase import SFT
 from graft.engine.train_engine import TrainEngine
+from graft.losses.aggregation import loss_scale_factor
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -39,12 +41,12 @@ class SFTJob:
         """Nothing to start: SFT needs no generator."""
 
     def step(self, engine: TrainEngine) -> dict[str, float]:
-        """Train on the next global batch; this rank takes every ``world_size``-th sample."""
+        """Train on the next global batch; this rank takes every ``dp_size``-th sample."""
         indices = self.sampler.next_batch(self.cfg.trainer.global_batch_size)
-        local = [self.samples[i] for i in indices[self.env.rank::self.env.world_size]]
-        scale = self.cfg.loss.loss_scale_factor or float(self.cfg.data.max_response_tokens)
+        local = [self.samples[i] for i in indices[self.env.dp_rank::self.env.dp_size]]
         pending = engine.forward_backward(engine.micro_batches(local), sft_loss,
-                                          loss_scale_factor=scale)
+                                          loss_scale_factor=loss_scale_factor(self.cfg),
+                                          phase=SFT)
         grad_norm = engine.optimizer_step()
         result = pending.result()
         return {"loss": result.loss, "grad_norm": float(grad_norm), "tokens": result.tokens,

@@ -18,11 +18,10 @@ from graft.errors import ConfigError
 from graft.export.hf import export_model_to_hf
 from graft.models.build import build_model, load_local_config
 from graft.plugins import get_plugin_manager
-from graft.rl.job import RLJob
-from graft.training.metrics import MetricsLog, peak_memory_gib
+from graft.training.job import TrainingJob, build_job
+from graft.training.metrics import MetricsLog, peak_memory_gib, print_summary
 from graft.training.optim import build_optimizer, build_scheduler
 from graft.training.run_dir import config_text, resolve_run_dir, truncate_metrics, write_config
-from graft.training.sft import SFTJob
 
 logger = logging.getLogger("graft.train")
 
@@ -30,7 +29,8 @@ logger = logging.getLogger("graft.train")
 def build_engine(cfg: Any, env: DistEnv, *, pad_token_id: int) -> TrainEngine:
     """Model (preset or local), parallelized; AdamW; schedule."""
     model, family = build_model(cfg.model, seed=cfg.trainer.seed, device=env.device)
-    model = parallelize(model, family, cfg=cfg, mesh=env.mesh, device=env.device)
+    model = parallelize(model, family, cfg=cfg, mesh=env.mesh, device=env.device,
+                        meshes=env.meshes)
     optimizer = build_optimizer(model, cfg.optim, env.device)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.trainer.total_steps)
     policy = mixed_precision_policy(cfg.engine.mixed_precision, env.device)
@@ -51,7 +51,7 @@ class Trainer:
         if cfg.model.path:
             load_local_config(cfg.model.path)  # a bad model.path is reported before anything else
         self.tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.model.path)
-        self.job = self._build_job()
+        self.job: TrainingJob = build_job(cfg, tokenizer=self.tokenizer, env=self.env)
         self.engine = build_engine(cfg, self.env, pad_token_id=self.tokenizer.pad_token_id)
         _check_vocab(self.tokenizer, self.engine.model.config)
         self.step = 0
@@ -81,11 +81,6 @@ class Trainer:
         self.checkpoints.save(self.step, model=self.engine.model,
                               optimizer=self.engine.optimizer, trainer_state=state,
                               config_yaml=self.config_yaml)
-
-    def _build_job(self) -> SFTJob | RLJob:
-        if self.cfg.trainer.mode == "rl":
-            return RLJob(self.cfg, self.tokenizer, self.env)
-        return SFTJob(self.cfg, self.tokenizer, self.env)
 
     def export_hf(self, out_dir: Path) -> None:
         """Write the current weights as a Hugging Face directory (every rank takes part)."""
@@ -129,7 +124,7 @@ class Trainer:
         if self.cfg.export.hf_at_end:
             self.export_hf(self.run_dir / "hf")
         if self.env.is_main:
-            print_summary(log.history, self.run_dir)
+            print_summary(log.history, self.run_dir, wall_time_s=log.elapsed_s())
         return log.history
 
 
@@ -137,24 +132,3 @@ def _check_vocab(tokenizer: Any, config: Any) -> None:
     if len(tokenizer) > config.vocab_size:
         raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary "
                           f"has {config.vocab_size}; use the model's own tokenizer (data.tokenizer)")
-
-
-def print_summary(history: list[dict[str, Any]], run_dir: Any) -> None:
-    """A short table: first and last loss, throughput, time, where outputs are."""
-    from rich.console import Console
-    from rich.table import Table
-
-    if not history:
-        return
-    table = Table(title="graft train: summary", show_header=False)
-    first, last = history[0], history[-1]
-    for key in ("loss", "reward_mean"):
-        if key in first:
-            table.add_row(key, f"{first[key]:.4f} (step {first['step']}) -> "
-                               f"{last[key]:.4f} (step {last['step']})")
-    table.add_row("steps", str(last["step"]))
-    table.add_row("tokens/s (mean)", f"{sum(m['tokens_per_s'] for m in history) / len(history):.0f}")
-    table.add_row("time (s)", f"{sum(m['step_time_s'] for m in history):.1f}")
-    table.add_row("peak memory (GiB)", f"{max(m['peak_memory_gib'] for m in history):.2f}")
-    table.add_row("run dir", str(run_dir))
-    Console().print(table)

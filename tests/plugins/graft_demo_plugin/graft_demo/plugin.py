@@ -104,3 +104,72 @@ def graft_export_slots(name, tensor):
     first, second = tensor.chunk(2, dim=0)
     base = name.removesuffix("demo_fused.weight")
     return [(base + "demo_a.weight", first), (base + "demo_b.weight", second)]
+
+
+@hookimpl
+def graft_post_forward(batch, layout, phase):
+    CALLS.append(("post_forward", phase, layout.num_samples))
+
+
+def raw_rewards(rewards):
+    """A toy estimator: the reward itself is the advantage."""
+    return rewards
+
+
+@hookimpl
+def graft_advantage_estimators():
+    return {"demo-raw": raw_rewards}
+
+
+class EchoRollout:
+    """A toy engine: answers each prompt with the prompt's last token, reports no log-probs."""
+
+    kind = "demo-echo"
+    model = None
+    llm = None
+
+    def request_extras(self, *names):
+        from graft.rollout.types import refuse_extras
+
+        refuse_extras(self.kind, names)
+
+    def generate(self, prompts, spec):
+        from graft.rollout.types import RolloutSample
+
+        return [RolloutSample(list(p), [p[-1]], None) for p in prompts]
+
+    def sync_weights(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+@hookimpl
+def graft_rollout_engines():
+    return {"demo-echo": lambda: EchoRollout()}
+
+
+class IdleJob:
+    """A toy trainer mode: steps that train nothing."""
+
+    def attach(self, engine, run_dir):
+        pass
+
+    def step(self, engine):
+        CALLS.append(("idle_step",))
+        return {"loss": 0.0, "tokens": 0}
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+    def close(self):
+        pass
+
+
+@hookimpl
+def graft_trainer_modes():
+    return {"demo-idle": lambda: IdleJob()}

@@ -41,13 +41,16 @@ class HFDirectorySink:
         self._shard: dict[str, torch.Tensor] = {}
         self._shard_bytes = 0
         self._files: list[tuple[str, list[str]]] = []
+        # name -> shape of every tensor of the last finished export (what a consumer loads).
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
 
     def begin(self) -> None:
         """Create the temporary folder next to the target."""
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = self.out_dir.with_name(f"{TMP_PREFIX}{self.out_dir.name}-{uuid.uuid4().hex[:8]}")
         self._tmp.mkdir()
-        self._shard, self._shard_bytes, self._files = {}, 0, []
+        self._shard, self._shard_bytes, self._files, self._shapes = {}, 0, [], {}
 
     def consume(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Copy tensors to CPU; write a shard whenever it reaches ``max_shard_bytes``."""
@@ -57,6 +60,7 @@ class HFDirectorySink:
                 self._write_shard()
             self._shard[name] = tensor.detach().to("cpu", copy=True).contiguous()
             self._shard_bytes += nbytes
+            self._shapes[name] = tuple(tensor.shape)
 
     def finish(self) -> None:
         """Name the shards, write index, config, generation config, tokenizer; swap in."""
@@ -74,6 +78,7 @@ class HFDirectorySink:
         self._write_configs()
         replace_dir(self._tmp, self.out_dir)
         self._tmp = None
+        self.shapes = self._shapes
 
     def abort(self, error: BaseException) -> None:
         """Remove the temporary folder; the previous export (if any) stays."""

@@ -20,33 +20,22 @@ from graft.errors import GraftError
 from graft.export.sinks.base import DeltaEntry, StagingSink
 
 
-def safetensors_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every tensor in a HF directory's safetensors files (headers only)."""
-    from safetensors import safe_open
-
-    shapes = {}
-    for file in sorted(Path(model_dir).glob("*.safetensors")):
-        with safe_open(str(file), "pt") as handle:
-            for name in handle.keys():
-                shapes[name] = tuple(handle.get_slice(name).get_shape())
-    return shapes
-
-
 class VLLMSink(StagingSink):
     """Stages an export and loads it into ``llm`` at once."""
 
-    def __init__(self, llm: Any, expected_shapes: dict[str, tuple[int, ...]]) -> None:
+    def __init__(self, llm: Any, expected_shapes: dict[str, tuple[int, ...]], *,
+                 delta: bool = False, current: dict[str, torch.Tensor] | None = None) -> None:
         super().__init__()
         self.llm = llm
         self.expected = expected_shapes
-        # The last pushed weights, kept only for delta exports: vLLM reloads whole tensors, so
-        # row updates are applied to a copy of them. Full exports keep nothing between pushes.
-        self.current: dict[str, torch.Tensor] = {}
-        self._delta = False
+        self._delta = delta
+        # The last pushed weights, kept only for delta exports (``current``: what the engine
+        # started with): vLLM reloads whole tensors, so row updates are applied to a copy of
+        # them. Full exports keep nothing between pushes.
+        self.current: dict[str, torch.Tensor] = dict(current or {}) if delta else {}
 
     def consume_delta(self, entries: list[DeltaEntry]) -> None:
         """Apply row updates to a copy of the last pushed weights (vLLM reloads whole tensors)."""
-        self._delta = True
         for entry in entries:
             if entry.rows is None:
                 self._staged[entry.name] = entry.values.detach().to("cpu", copy=True)
@@ -66,14 +55,16 @@ class VLLMSink(StagingSink):
             if want is None or tuple(tensor.shape) != want:
                 raise GraftError(f"export for vLLM: {name} {tuple(tensor.shape)} does not match "
                                  f"the engine's weights ({want}); the engine keeps its old weights")
-        update = {**self.current, **self._staged} if self.current else self._staged
+        update = {**self.current, **self._staged} if self._delta else self._staged
         worker = worker_of(self.llm)
         if worker is not None:
             worker.reload_weights(weights_iterator=iter(update.items()))
         else:
             self._push_through_file(update)
         self.llm.reset_prefix_cache()
-        self.current, self._staged = (update if self._delta else {}), {}
+        if self._delta:
+            self.current = update
+        self._staged = {}
 
     def _push_through_file(self, update: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file

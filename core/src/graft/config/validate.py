@@ -1,0 +1,78 @@
+"""Rules that tie config fields together, checked after composition (`ConfigError`, exit 2).
+
+Each rule is a small function named for what it forbids; a value that would silently train
+wrong (zero advantages, zero gradients) is an error here rather than a surprise later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from graft.errors import ConfigError
+from graft.plugins import GraftPluginManager
+
+
+def group_estimator_needs_groups(cfg: Any, manager: GraftPluginManager) -> None:
+    """``rollout.n`` below the estimator's group size gives every sample advantage 0."""
+    if cfg.trainer.mode != "rl":
+        return
+    from graft.rl.advantages import advantage_estimators
+
+    estimator = advantage_estimators(manager).get(cfg.algorithm.advantage)
+    if estimator is not None and cfg.rollout.n < estimator.min_group_size:
+        raise ConfigError(
+            f"rollout.n={cfg.rollout.n} but algorithm.advantage={cfg.algorithm.advantage!r} "
+            f"compares the samples of one prompt and needs rollout.n >= "
+            f"{estimator.min_group_size} (with fewer every advantage is 0 and nothing is "
+            f"learned); raise rollout.n")
+
+
+def dual_clip_above_one(cfg: Any, manager: GraftPluginManager) -> None:
+    """A dual-clip constant c <= 1 caps the loss of negative-advantage tokens below the clipped
+    surrogate and zeroes their gradient."""
+    c = cfg.loss.clip_ratio_c
+    if c is not None and c <= 1.0:
+        raise ConfigError(f"loss.clip_ratio_c={c} must be > 1 (dual clip caps the ratio of "
+                          f"negative-advantage tokens at c; c <= 1 zeroes their gradient) or "
+                          f"null to turn dual clip off")
+
+
+def expert_parallel_needs_a_family(cfg: Any, manager: GraftPluginManager) -> None:
+    """``engine.ep_size > 1`` only with a model family that implements expert parallelism
+    (checked before any rank starts, so ``graft train --nproc N`` fails in one line)."""
+    ep = cfg.engine.ep_size
+    if ep < 1:
+        raise ConfigError(f"engine.ep_size={ep} must be >= 1 (1: no expert parallelism)")
+    if ep == 1:
+        return
+    from graft.engine.parallelize import check_expert_parallel
+    from graft.models.registry import family_for, model_families, preset
+
+    if cfg.model.path:
+        family = family_for(_local_model_type(cfg.model.path), manager)
+    else:
+        family = preset(cfg.model.preset, manager)[0]
+    check_expert_parallel(family, ep, list(model_families(manager).values()))
+
+
+def _local_model_type(path: str) -> str:
+    import json
+    from pathlib import Path
+
+    config = Path(path).expanduser() / "config.json"
+    try:
+        return json.loads(config.read_text())["model_type"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"model.path {path!r}: cannot read model_type from {config}: "
+                          f"{exc}") from exc
+
+
+RULES: tuple[Callable[[Any, GraftPluginManager], None], ...] = (
+    group_estimator_needs_groups, dual_clip_above_one, expert_parallel_needs_a_family)
+
+
+def validate_config(cfg: Any, manager: GraftPluginManager) -> None:
+    """Run every rule on the composed config; the first broken one raises `ConfigError`."""
+    for rule in RULES:
+        rule(cfg, manager)

@@ -1,0 +1,1 @@
+"""graft-myfeature: the example Graft plugin of docs/plugins.md."""

@@ -1,0 +1,28 @@
+"""The entry point: Graft registers every @hookimpl function of this module.
+
+Keep it cheap to import (no torch at top level): Graft imports it for every command.
+"""
+
+from dataclasses import dataclass
+
+from graft import hookimpl
+from graft_myfeature.losses import graft_loss_agg_modes, graft_loss_aggregate  # noqa: F401
+
+
+@dataclass
+class MyFeatureConfig:
+    enabled: bool = False          # every field needs a default
+    init_noise_std: float = 0.01
+
+
+@hookimpl
+def graft_config_sections():
+    return [("myfeature", MyFeatureConfig)]      # -> features.myfeature in the config
+
+
+@hookimpl
+def graft_pre_shard(model, cfg):                 # any subset of the spec's arguments
+    section = cfg.features.myfeature
+    if section.enabled:
+        from graft_myfeature.noise import add_noise    # torch code imported lazily
+        add_noise(model, section.init_noise_std, seed=cfg.trainer.seed)
