@@ -10,9 +10,9 @@ import torch
 from graft.config import ModelConfig
 from graft.errors import ConfigError
 from graft.models import build_model, family_for
+from graft.testing.families import check_family_preset
 
-PRESETS = {"tiny-llama": "llama", "tiny-qwen3-moe": "qwen3_moe", "tiny-gpt-oss": "gpt_oss",
-           "tiny-deepseek-v3": "deepseek_v3", "tiny-deepseek-v4": "deepseek_v4"}
+PRESETS = {"tiny-llama": "llama", "tiny-qwen3-moe": "qwen3_moe", "tiny-deepseek-v3": "deepseek_v3"}
 
 
 @pytest.mark.parametrize(("preset", "model_type"), PRESETS.items())
@@ -26,22 +26,11 @@ def test_presets_build_tiny_seeded_models(preset: str, model_type: str) -> None:
         assert torch.equal(a, b), name
 
 
-def test_moe_families_list_one_router_per_moe_layer() -> None:
-    for preset, expected in [("tiny-qwen3-moe", 2), ("tiny-gpt-oss", 2), ("tiny-deepseek-v3", 1),
-                             ("tiny-deepseek-v4", 2)]:
-        model, family = build_model(ModelConfig(preset=preset))
-        assert len(family.router_modules(model)) == expected, preset
+@pytest.mark.parametrize(("preset", "routers"), [("tiny-llama", None), ("tiny-qwen3-moe", 2),
+                                                 ("tiny-deepseek-v3", 1)])
+def test_core_presets_pass_the_family_conformance_check(preset: str, routers: int | None) -> None:
+    check_family_preset(preset, num_routers=routers)
     assert family_for("llama").router_modules is None
-
-
-def test_deepseek_v4_hash_routing_table_is_initialised() -> None:
-    model, _ = build_model(ModelConfig(preset="tiny-deepseek-v4"), seed=0)
-    tables = [m.tid2eid for m in model.modules() if hasattr(m, "tid2eid")]
-    assert tables, "the preset has a hash-routed layer"
-    for table in tables:
-        assert table.max() > 0, "transformers leaves the table at zeros: every token -> expert 0"
-        assert all(len(set(row.tolist())) == row.numel() for row in table), "distinct experts"
-        assert len(set(table[:, 0].tolist())) == model.config.n_routed_experts
 
 
 def test_local_directory_loads_offline(tmp_path: Path) -> None:
@@ -71,15 +60,3 @@ def test_bad_model_path(path: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_model(ModelConfig(path=path))
 
-
-@pytest.mark.parametrize("preset", ["tiny-qwen3-moe", "tiny-deepseek-v3"])
-def test_routing_weights_reproduce_the_routers_own(preset: str) -> None:
-    """Given the experts a router chose, the family recomputes exactly its weights (what routing
-    replay relies on to keep gradients flowing to the router)."""
-    model, family = build_model(ModelConfig(preset=preset))
-    torch.manual_seed(1)
-    for router in family.router_modules(model):
-        with torch.no_grad():
-            router.weight.normal_()
-        logits, weights, ids = router(torch.randn(7, model.config.hidden_size))
-        assert torch.equal(family.routing_weights(router, logits, ids), weights)
