@@ -21,7 +21,8 @@ def test_tiny_preset_passes_the_family_conformance_check() -> None:
 
 
 def test_hash_routing_table_is_initialised() -> None:
-    model, _ = build_model(ModelConfig(preset="tiny-deepseek-v4"), seed=0)
+    model, family = build_model(ModelConfig(preset="tiny-deepseek-v4"), seed=0)
+    assert [family.static_routing(r) for r in family.router_modules(model)] == [True, False]
     tables = [m.tid2eid for m in model.modules() if hasattr(m, "tid2eid")]
     assert tables, "the preset has a hash-routed layer"
     for table in tables:

@@ -49,6 +49,10 @@ class ModelFamily:
             with the family's own normalisation; a plugin that imposes the experts (routing
             replay) recomputes the weights with it, so gradients still reach the router. None
             where nobody needs it.
+        static_routing: ``f(router) -> bool``: True for a router whose choice of experts does
+            not depend on learned weights (DeepSeek-V4's hash routers pick by token id): it is
+            deterministic, so routing replay skips it while keeping every layer's position.
+            None: every router is learned.
         parallelize: ``f(model, family, *, cfg, mesh, device, role, meshes) -> model``
             replacing `graft.engine.parallelize.parallelize_standard` (e.g. to add expert
             parallelism); compose the ``apply_*`` helpers of that module, and call
@@ -71,6 +75,7 @@ class ModelFamily:
     init_weights: Callable[[torch.nn.Module, int], None] | None = None
     router_modules: Callable[[torch.nn.Module], Sequence[torch.nn.Module]] | None = None
     routing_weights: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    static_routing: Callable[[torch.nn.Module], bool] | None = None
     parallelize: Callable[..., torch.nn.Module] | None = None
     expert_parallel: bool = False
     extras: dict[str, Any] = field(default_factory=dict)

@@ -53,9 +53,15 @@ def routing_weights(router: torch.nn.Module, logits: torch.Tensor,
     return weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * router.routed_scaling_factor
 
 
+def is_hash_router(router: torch.nn.Module) -> bool:
+    """True for a hash-routed layer's router: its experts come from ``tid2eid[token id]``."""
+    return hasattr(router, "tid2eid")
+
+
 def deepseek_v4_family() -> ModelFamily:
     """The family Graft uses for ``model_type == "deepseek_v4"``; its compressed attention mixes
     positions across packed samples, so every sample gets its own row."""
     return ModelFamily("deepseek_v4", presets={"tiny-deepseek-v4": tiny_deepseek_v4},
                        packs_sequences=False, init_weights=seeded_hash_table,
-                       router_modules=routers_at("gate"), routing_weights=routing_weights)
+                       router_modules=routers_at("gate"), routing_weights=routing_weights,
+                       static_routing=is_hash_router)
