@@ -128,19 +128,25 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
     """Parallelize ``model`` with its family's ``parallelize`` (default: `parallelize_standard`).
 
     ``mesh`` is the data-parallel mesh, ``meshes`` all of the run's (needed for expert
-    parallelism). Whichever function runs, the model is on ``device`` before it, and it must
-    have run the ``graft_pre_shard`` plugins through `apply_pre_shard_hooks` (a `PluginError`
-    otherwise: the hook cannot run here afterwards, the model is sharded by then). ``role``
-    (``policy`` or ``reference``) is passed on to the hook. Returns the function's result.
+    parallelism). Whichever function runs, the model is on ``device`` before it (a model with
+    meta parameters stays on meta and gets empty storage on ``device`` after sharding: fill it,
+    `graft.models.build.load_pretrained_weights`), and it must have run the ``graft_pre_shard``
+    plugins through `apply_pre_shard_hooks` (a `PluginError` otherwise: the hook cannot run
+    here afterwards, the model is sharded by then). ``role`` (``policy`` or ``reference``) is
+    passed on to the hook. Returns the function's result.
     """
     from graft.models.registry import model_families
 
     ep = meshes[EP].size() if meshes is not None else 1
     check_expert_parallel(family, ep, list(model_families().values()))
-    model.to(device)
+    empty = any(p.is_meta for p in model.parameters())
+    if not empty:
+        model.to(device)
     custom = family.parallelize or parallelize_standard
     result = call_with_keywords(custom, model, family, cfg=cfg, mesh=mesh, device=device,
                                 role=role, meshes=meshes)
+    if empty:
+        materialize(result, device)
     if model not in _PRE_SHARDED:
         raise PluginError(f"model family {family.model_type!r}: its parallelize function "
                           f"{getattr(custom, '__qualname__', custom)!r} did not call "
@@ -148,6 +154,18 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
                           f"checkpointing, before fully_shard), so graft_pre_shard plugins would "
                           f"be skipped")
     return result
+
+
+def materialize(model: torch.nn.Module, device: torch.device) -> None:
+    """Give a sharded model built with meta parameters (`graft.models.build.build_empty_model`)
+    uninitialised storage on ``device`` for its shards, keeping its real buffers' values."""
+    buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()
+               if not buffer.is_meta}
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name in buffers:
+                buffer.copy_(buffers[name])
 
 
 def parallelize_standard(model: torch.nn.Module, family: ModelFamily, *, cfg: Any,

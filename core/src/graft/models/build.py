@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +33,7 @@ def build_model(model_cfg: ModelConfig, *, seed: int = 0, device: torch.device |
     import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else torch.float32
-    kwargs: dict[str, Any] = {"dtype": dtype}
-    if model_cfg.attn_implementation:
-        kwargs["attn_implementation"] = model_cfg.attn_implementation
+    kwargs = _model_kwargs(model_cfg)
     config, family = resolve_config(model_cfg, manager)
     if model_cfg.path:
         model = AutoModelForCausalLM.from_pretrained(model_cfg.path, config=config,
@@ -46,10 +45,78 @@ def build_model(model_cfg: ModelConfig, *, seed: int = 0, device: torch.device |
         if family.init_weights is not None:
             with torch.no_grad():
                 family.init_weights(model, seed)
+    _finish(model, model_cfg)
+    return model, family
+
+
+@contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (no memory) while buffers
+    (rotary tables and the like, computed at construction) stay real."""
+    import torch
+
+    register = torch.nn.Module.register_parameter
+
+    def register_on_meta(module: torch.nn.Module, name: str, param: Any) -> None:
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def build_empty_model(model_cfg: ModelConfig, *, manager: GraftPluginManager | None = None
+                      ) -> tuple[torch.nn.Module, ModelFamily]:
+    """The model ``model_cfg`` describes with its parameters on the meta device (buffers real),
+    in master-weight dtype, and its family: shard it first, then fill it
+    (`load_pretrained_weights`)."""
+    from transformers import AutoModelForCausalLM
+
+    config, family = resolve_config(model_cfg, manager)
+    with parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(config, **_model_kwargs(model_cfg))
+    _finish(model, model_cfg)
+    return model, family
+
+
+def load_pretrained_weights(model: torch.nn.Module, model_cfg: ModelConfig, *,
+                            is_main: bool) -> None:
+    """Fill a sharded model (`build_empty_model`, then parallelized) from ``model.path``: rank 0
+    reads the checkpoint (``from_pretrained`` on CPU: one host copy for the whole run) and each
+    parameter is broadcast and kept as each rank's shard. Call on every rank."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    full: dict[str, Any] = {}
+    if is_main:
+        config, _ = resolve_config(model_cfg)
+        source = AutoModelForCausalLM.from_pretrained(model_cfg.path, config=config,
+                                                      local_files_only=True,
+                                                      **_model_kwargs(model_cfg))
+        full = source.state_dict()
+        del source
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
+                                                               broadcast_from_rank0=True))
+
+
+def _model_kwargs(model_cfg: ModelConfig) -> dict[str, Any]:
+    import torch
+
+    kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if model_cfg.dtype == "bfloat16"
+                              else torch.float32}
+    if model_cfg.attn_implementation:
+        kwargs["attn_implementation"] = model_cfg.attn_implementation
+    return kwargs
+
+
+def _finish(model: torch.nn.Module, model_cfg: ModelConfig) -> None:
     if model_cfg.experts_implementation:
         model.set_experts_implementation(model_cfg.experts_implementation)
     model.config.use_cache = False
-    return model, family
 
 
 def build_skeleton(model_cfg: ModelConfig) -> torch.nn.Module:

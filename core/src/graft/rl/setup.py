@@ -5,18 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from graft.engine.distributed import DistEnv
-from graft.engine.parallelize import parallelize
+from graft.engine.model_setup import build_parallel_model
 from graft.engine.train_engine import TrainEngine
-from graft.models.build import build_model
 
 
 def build_reference(cfg: Any, env: DistEnv, engine: TrainEngine) -> TrainEngine:
     """A frozen copy of the initial policy (same seed, or the same checkpoint directory),
     sharded like the policy (``graft_pre_shard`` sees ``role="reference"``), for the KL
     penalty; it has no optimizer."""
-    model, family = build_model(cfg.model, seed=cfg.trainer.seed, device=env.device)
-    model.requires_grad_(False)
-    model = parallelize(model, family, cfg=cfg, mesh=env.mesh, device=env.device,
-                        role="reference", meshes=env.meshes)
+    model, family = build_parallel_model(cfg, env, role="reference")
     return TrainEngine(model, family, None, None, env, cfg, engine.compute_dtype,
                        engine.pad_token_id)

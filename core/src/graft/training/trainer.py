@@ -12,11 +12,12 @@ import torch
 from graft.checkpoint.manager import CheckpointManager
 from graft.data.tokenizer import load_tokenizer
 from graft.engine.distributed import DistEnv, init_distributed
-from graft.engine.parallelize import mixed_precision_policy, parallelize
+from graft.engine.model_setup import build_parallel_model
+from graft.engine.parallelize import mixed_precision_policy
 from graft.engine.train_engine import TrainEngine
 from graft.errors import ConfigError
 from graft.export.hf import export_model_to_hf
-from graft.models.build import build_model, load_local_config
+from graft.models.build import load_local_config
 from graft.plugins import get_plugin_manager
 from graft.training.job import TrainingJob, build_job
 from graft.training.metrics import MetricsLog, peak_memory_gib, print_summary
@@ -28,9 +29,7 @@ logger = logging.getLogger("graft.train")
 
 def build_engine(cfg: Any, env: DistEnv, *, pad_token_id: int) -> TrainEngine:
     """Model (preset or local), parallelized; AdamW; schedule."""
-    model, family = build_model(cfg.model, seed=cfg.trainer.seed, device=env.device)
-    model = parallelize(model, family, cfg=cfg, mesh=env.mesh, device=env.device,
-                        meshes=env.meshes)
+    model, family = build_parallel_model(cfg, env)
     optimizer = build_optimizer(model, cfg.optim, env.device)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.trainer.total_steps)
     policy = mixed_precision_policy(cfg.engine.mixed_precision, env.device)

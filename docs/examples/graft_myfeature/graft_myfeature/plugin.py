@@ -7,12 +7,20 @@ from dataclasses import dataclass
 
 from graft import hookimpl
 from graft_myfeature.losses import graft_loss_agg_modes, graft_loss_aggregate  # noqa: F401
+from graft_myfeature.registries import graft_advantage_estimators, graft_policy_losses  # noqa: F401
+from graft_myfeature.replay import (  # noqa: F401
+    graft_post_forward,
+    graft_prepare_inputs,
+    graft_step_begin,
+    graft_step_end,
+)
 
 
 @dataclass
 class MyFeatureConfig:
     enabled: bool = False          # every field needs a default
     init_noise_std: float = 0.01
+    is_cap: float = 2.0            # the capped-is loss's largest importance weight
 
 
 @hookimpl
@@ -21,8 +29,8 @@ def graft_config_sections():
 
 
 @hookimpl
-def graft_pre_shard(model, cfg):                 # any subset of the spec's arguments
+def graft_pre_shard(model, cfg, role):           # any subset of the spec's arguments
     section = cfg.features.myfeature
-    if section.enabled:
+    if section.enabled and role == "policy":     # leave the frozen KL reference alone
         from graft_myfeature.noise import add_noise    # torch code imported lazily
         add_noise(model, section.init_noise_std, seed=cfg.trainer.seed)

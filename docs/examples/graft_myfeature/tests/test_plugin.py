@@ -27,7 +27,7 @@ def test_noise_is_added_when_enabled(graft_plugin):   # pytest fixture shipped w
                         manager=manager)
     model, _ = graft.build_model(cfg.model)
     before = [p.clone() for p in model.parameters()]
-    manager.hook.graft_pre_shard(model=model, cfg=cfg, mesh=None)
+    manager.hook.graft_pre_shard(model=model, cfg=cfg, mesh=None, role="policy", meshes=None)
     assert not any(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
@@ -38,3 +38,27 @@ def test_mode_sums_the_mean_loss_of_each_sequence(graft_plugin):
     ctx = AggregationContext(global_tokens=3, global_sequences=2, dp_size=1,
                              loss_scale_factor=3.0)
     assert aggregate_loss(loss, mask, "seq-sum-token-mean", ctx, manager).item() == 2.0 + 4.0
+
+
+def test_pairwise_advantages_ignore_scale_and_ties(graft_plugin):
+    from graft.rl.advantages import advantage_estimators, compute_advantages
+
+    manager = graft_plugin(plugin, name="myfeature")
+    cfg = graft.compose(["algorithm.advantage=pairwise", "rollout.n=3"], manager=manager)
+    estimator = advantage_estimators(manager)["pairwise"]
+    rewards = torch.tensor([1.0, 5.0, 3.0, 0.7, 0.7, 0.7])
+    advantages = compute_advantages(estimator, rewards, group_size=3, cfg=cfg)
+    assert advantages.tolist() == [-1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_an_rl_step_replays_what_the_old_logprob_pass_kept(graft_plugin, tmp_path):
+    graft_plugin(plugin, name="myfeature")
+    metrics = graft.train(overrides=[
+        f"trainer.run_dir={tmp_path}", "trainer.total_steps=1", "engine.device=cpu",
+        "rollout.prompts_per_step=2", "rollout.n=2", "algorithm.mini_batches=2",
+        "engine.max_tokens_per_micro_batch=32",
+        "algorithm.advantage=pairwise", "loss.policy_loss=capped-is",
+        "features.myfeature.enabled=true", "checkpoint.save_at_end=false",
+        "export.hf_at_end=false"])
+    assert metrics[0]["myfeature/replayed_tokens"] > 0
+    assert 0 < metrics[0]["is_weight"] <= 2.0

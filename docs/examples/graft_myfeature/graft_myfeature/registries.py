@@ -1,0 +1,35 @@
+"""Registry entries, selected by name in the config: an advantage estimator and a policy loss."""
+
+from graft import hookimpl
+
+
+def pairwise_advantages(rewards, *, group_size):
+    """Each sample's wins minus losses against the others of its group, over n - 1: blind to the
+    reward's scale, and exactly 0 for a group of equal rewards."""
+    import torch
+
+    groups = rewards.reshape(-1, group_size)
+    wins = torch.sign(groups[:, :, None] - groups[:, None, :]).sum(-1)
+    return (wins / (group_size - 1)).reshape(-1)
+
+
+def capped_is_loss(*, logp, advantages, root_cfg, tensors):
+    """REINFORCE weighted by the trainer-over-engine probability ratio, capped at
+    features.myfeature.is_cap (`tensors` holds every per-token tensor of the micro-batch)."""
+    import torch
+
+    cap = root_cfg.features.myfeature.is_cap
+    weight = torch.exp(logp.detach() - tensors["rollout_logprobs"]).clamp(max=cap)
+    return -advantages * weight * logp, {"is_weight": weight}
+
+
+@hookimpl
+def graft_advantage_estimators():
+    from graft.rl.advantages import AdvantageEstimator
+
+    return {"pairwise": AdvantageEstimator(pairwise_advantages, min_group_size=2)}
+
+
+@hookimpl
+def graft_policy_losses():
+    return {"capped-is": capped_is_loss}
