@@ -1,8 +1,12 @@
-"""The RL loop on one GPU with the embedded engine: rollout and training tokens per second.
+"""The RL loop on one GPU with the embedded engine: rollout and training tokens per second, the
+update's model TFLOP/s next to an SFT step of the same model and tokens through the same engine.
 
 A TinyLlama-1.1B-shaped dense model (random bf16 compute, fp32 masters), the synthetic pattern
 task, ``--prompts`` prompts x ``--n`` samples per step, up to ``--max-new-tokens`` generated
-tokens each (a random model rarely stops early), GRPO with token-mean, FSDP2 on one GPU. The
+tokens each, GRPO with token-mean, FSDP2 on one GPU. One run per ``--variants`` entry (`VARIANTS`:
+before = the old-log-prob pass every step and the dynamic-cache decode; skip = the on-policy
+skip; static = plus the static-cache decode copy; flex = plus FlexAttention for packed rows),
+then an SFT step through the last variant's engine on samples of the RL batch's lengths. The
 first step (warm-up) is left out of the averages.
 
     python3 bench/rl_throughput.py --out $OUT/rl_throughput.json
@@ -13,15 +17,109 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from statistics import mean
+from typing import Any
+
+import torch
 
 from graft.config import compose
+from graft.engine.micro_batch import TokenSample
+from graft.training.sft import sft_loss
 from graft.training.trainer import Trainer
 
 SHAPES_1B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
              "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 64}
+
+
+# variant -> config overrides
+VARIANTS = {
+    "before": ["algorithm.old_logprobs=always", "rollout.decode=dynamic"],
+    "skip": ["algorithm.old_logprobs=auto", "rollout.decode=dynamic"],
+    "static": ["algorithm.old_logprobs=auto", "rollout.decode=static"],
+    "flex": ["algorithm.old_logprobs=auto", "rollout.decode=static",
+             "model.attn_implementation=flex_attention"],
+}
+
+
+def config(args: argparse.Namespace, run_dir: str, variant: str) -> Any:
+    shapes = {} if args.tiny else SHAPES_1B
+    return compose([
+        f"trainer.run_dir={run_dir}", f"trainer.total_steps={args.steps}",
+        "model.preset=tiny-llama", f"engine.device={'cpu' if args.tiny else 'cuda'}",
+        f"rollout.prompts_per_step={args.prompts}", f"rollout.n={args.n}",
+        f"rollout.max_new_tokens={args.max_new_tokens}", "optim.lr=1e-6", *VARIANTS[variant],
+        f"engine.max_tokens_per_micro_batch={args.micro_batch_tokens}",
+        "checkpoint.every_steps=0", "checkpoint.save_at_end=false", "export.hf_at_end=false",
+        *[f"+model.overrides.{k}={v}" for k, v in shapes.items()], *args.override])
+
+
+def parameters(trainer: Trainer) -> int:
+    """Parameters of the (sharded) model, counted globally."""
+    return sum(p.numel() for p in trainer.engine.model.parameters())
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def sft_step_seconds(trainer: Trainer, lengths: list[int], prompt: int, repeats: int) -> float:
+    """Median seconds of a forward/backward + AdamW step on samples of ``lengths`` tokens."""
+    engine = trainer.engine
+    generator = torch.Generator().manual_seed(0)
+    samples = [TokenSample(torch.randint(3, 100, (n,), generator=generator).tolist(), prompt)
+               for n in lengths]
+    scale = float(trainer.cfg.rollout.max_new_tokens)
+    times = []
+    for _ in range(repeats + 1):  # the first is warm-up
+        sync(engine.env.device)
+        started = time.perf_counter()
+        batches = engine.micro_batches(samples)
+        pending = engine.forward_backward(batches, sft_loss, loss_scale_factor=scale, phase="sft")
+        engine.optimizer_step()
+        pending.result()
+        sync(engine.env.device)
+        times.append(time.perf_counter() - started)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def rl_row(args: argparse.Namespace, variant: str) -> tuple[dict[str, Any], Trainer]:
+    with tempfile.TemporaryDirectory() as run_dir:
+        cfg = config(args, run_dir, variant)
+        trainer = Trainer(cfg)
+        history = trainer.fit()
+    steady = history[1:] or history
+    params = parameters(trainer)
+    tokens = mean(r["tokens"] for r in steady)
+    update_s = mean(r["update_s"] for r in steady)
+    # forward + backward = 6 N per token; an old-log-prob pass adds a forward, 2 N per token
+    # one update per step (ppo_epochs = mini_batches = 1): "auto" skips the old-log-prob pass
+    flops_per_token = (6 + (2 if cfg.algorithm.old_logprobs == "always" else 0)) * params
+    return {"variant": variant, "overrides": VARIANTS[variant], "parameters": params,
+            "tokens_per_step": round(tokens),
+            "rollout_tokens_per_s": round(mean(r["rollout_tokens_per_s"] for r in steady)),
+            "update_tokens_per_s": round(tokens / update_s),
+            "update_model_tflops": round(flops_per_token * tokens / update_s / 1e12, 1),
+            "response_length": mean(r["response_length"] for r in steady),
+            "rollout_s": mean(r["rollout_s"] for r in steady), "update_s": update_s,
+            "step_s": mean(r["step_time_s"] for r in steady),
+            "train_infer_logprob_diff": mean(r["train_infer_logprob_diff"] for r in steady),
+            "peak_memory_gib": max(r["peak_memory_gib"] for r in history)}, trainer
+
+
+def sft_row(args: argparse.Namespace, trainer: Trainer, rl: dict[str, Any]) -> dict[str, Any]:
+    """An SFT step through the same engine on as many tokens, in samples of the RL lengths."""
+    samples = args.prompts * args.n
+    length = max(2, round(rl["tokens_per_step"] / samples))
+    seconds = sft_step_seconds(trainer, [length] * samples, prompt=length // 4, repeats=3)
+    tokens = length * samples
+    return {"variant": "sft (same engine, model, tokens)", "tokens_per_step": tokens,
+            "update_tokens_per_s": round(tokens / seconds),
+            "update_model_tflops": round(6 * rl["parameters"] * tokens / seconds / 1e12, 1),
+            "update_s": seconds}
 
 
 def main() -> None:
@@ -30,33 +128,35 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--micro-batch-tokens", type=int, default=16384)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--override", nargs="*", default=[], help="more config overrides")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    shapes = {} if args.tiny else SHAPES_1B
-    with tempfile.TemporaryDirectory() as run_dir:
-        cfg = compose([
-            f"trainer.run_dir={run_dir}", f"trainer.total_steps={args.steps}",
-            "model.preset=tiny-llama", f"engine.device={'cpu' if args.tiny else 'cuda'}",
-            f"rollout.prompts_per_step={args.prompts}", f"rollout.n={args.n}",
-            f"rollout.max_new_tokens={args.max_new_tokens}", "optim.lr=1e-6",
-            "engine.max_tokens_per_micro_batch=16384", "checkpoint.every_steps=0",
-            "checkpoint.save_at_end=false", "export.hf_at_end=false",
-            *[f"+model.overrides.{k}={v}" for k, v in shapes.items()]])
-        history = Trainer(cfg).fit()
-    steady = history[1:] or history
-    result = {
-        "date": time.strftime("%Y-%m-%d"), "shapes": shapes or "tiny-llama",
-        "samples_per_step": args.prompts * args.n, "max_new_tokens": args.max_new_tokens,
-        "rollout_tokens_per_s": round(mean(r["rollout_tokens_per_s"] for r in steady)),
-        "train_tokens_per_s": round(mean(r["tokens"] / r["update_s"] for r in steady)),
-        "response_length": mean(r["response_length"] for r in steady),
-        "rollout_s": mean(r["rollout_s"] for r in steady),
-        "update_s": mean(r["update_s"] for r in steady),
-        "step_s": mean(r["step_time_s"] for r in steady),
-        "train_infer_logprob_diff": mean(r["train_infer_logprob_diff"] for r in steady),
-        "peak_memory_gib": max(r["peak_memory_gib"] for r in history)}
-    print(json.dumps(result, indent=1))
+    rows, trainer = [], None
+    for variant in args.variants:
+        try:
+            row, trainer = rl_row(args, variant)
+        except Exception as error:  # noqa: BLE001 - one failing variant must not lose the others
+            row = {"variant": variant, "error": f"{type(error).__name__}: {error}"[:500]}
+        rows.append(row)
+    measured = [r for r in rows if "error" not in r]
+    rows.append(sft_row(args, trainer, measured[-1]))
+    rl_rate = measured[-1]["update_tokens_per_s"] / rows[-1]["update_tokens_per_s"]
+    result = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+              "shapes": "tiny-llama" if args.tiny else SHAPES_1B,
+              "samples_per_step": args.prompts * args.n, "max_new_tokens": args.max_new_tokens,
+              "rl_update_over_sft_tokens_per_s": round(rl_rate, 3), "rows": rows}
+    print(f"{'variant':<36} {'update tok/s':>12} {'TFLOP/s':>8} {'rollout tok/s':>13} "
+          f"{'step s':>7} {'mismatch':>9}")
+    for row in rows:
+        if "error" in row:
+            print(f"{row['variant']:<36} failed: {row['error']}")
+            continue
+        print(f"{row['variant']:<36} {row['update_tokens_per_s']:>12,} "
+              f"{row['update_model_tflops']:>8} {row.get('rollout_tokens_per_s', ''):>13} "
+              f"{row.get('step_s', 0):>7.2f} {row.get('train_infer_logprob_diff', 0):>9.2g}")
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(result, handle, indent=2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from graft import hookimpl
@@ -70,3 +71,20 @@ def test_hook_graft_rollout_end_extras_reach_the_micro_batches(tmp_path: Path,
     graft_plugin(plugin, name="recorder")
     rl_trainer(tmp_path, "engine.pad_to_length=true", "engine.pad_to_length_bucket=64").fit()
     assert plugin.seen_extra and all(shape[1] % 64 == 0 for shape in plugin.seen_extra)
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_static_decode_samples_exactly_what_the_trained_model_would(graft_train, metrics_of,
+                                                                   tmp_path: Path,
+                                                                   nproc: int) -> None:
+    """The static-cache copy (fp32 on CPU, as the trainer computes here) draws the same tokens
+    from the same generator state: same rewards, lengths and losses as the sharded model."""
+    args = ("trainer.total_steps=3", "rollout.prompts_per_step=4", "rollout.n=4",
+            "checkpoint.every_steps=0", "export.hf_at_end=false")
+    graft_train(tmp_path / "dynamic", *args, nproc=nproc)
+    graft_train(tmp_path / "static", *args, "rollout.decode=static", nproc=nproc)
+    for a, b in zip(metrics_of(tmp_path / "dynamic"), metrics_of(tmp_path / "static"),
+                    strict=True):
+        assert (a["reward_mean"], a["response_length"]) == (b["reward_mean"], b["response_length"])
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-8)
+        assert b["train_infer_logprob_diff"] < 1e-5

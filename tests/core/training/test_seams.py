@@ -81,7 +81,15 @@ def test_on_policy_steps_run_no_old_logprob_pass(phases: PhaseRecorder, metrics_
     fit(tmp_path, *RL)  # ppo_epochs=1, mini_batches=1: the ratio is 1 by construction
     assert set(phases.prepared) == {"update"}
     # the mismatch is still reported, from the update's own log-probs
-    assert 0 < metrics_of(tmp_path)[0]["train_infer_logprob_diff"] < 1e-4
+    skipped = metrics_of(tmp_path)[0]
+    assert 0 < skipped["train_infer_logprob_diff"] < 1e-4
+    phases.prepared.clear()
+    fit(tmp_path / "always", *RL, "algorithm.old_logprobs=always")
+    assert list(dict.fromkeys(phases.prepared)) == ["old_logprobs", "update"]
+    recomputed = metrics_of(tmp_path / "always")[0]
+    # the same step either way: the old log-probs of a single update equal its own
+    for key in ("loss", "grad_norm", "train_infer_logprob_diff"):
+        assert recomputed[key] == skipped[key], key
 
 
 def test_hook_graft_post_forward_keeps_tensors_for_later_passes(phases: PhaseRecorder,

@@ -181,6 +181,11 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 8
+    # embedded only. dynamic: the trained (sharded) model generates with a growing KV cache.
+    # static: a plain copy of the weights in the compute dtype (refreshed after every update)
+    # generates with a static KV cache; transformers compiles its decode step (CUDA graphs) on
+    # GPU and no rank waits for another during generation.
+    decode: str = choice("dynamic", ("dynamic", "static"))
     # vLLM only: fraction of GPU memory for weights and KV cache; context length.
     gpu_memory_utilization: float = 0.3
     max_model_len: int = 1024
@@ -199,6 +204,11 @@ class AlgorithmConfig:
     # Passes over the rollout batch, and mini-batches (optimizer steps) per pass.
     ppo_epochs: int = 1
     mini_batches: int = 1
+    # Recompute the old log-probs with the trainer: auto = only when the step updates more than
+    # once (with one update they equal the update's own: ratio 1 by construction); always =
+    # every step (a plugin that records in the old-log-prob pass, or to measure the mismatch
+    # in a pass of its own).
+    old_logprobs: str = choice("auto", ("auto", "always"))
 
 
 @dataclass

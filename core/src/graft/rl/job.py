@@ -117,7 +117,7 @@ class RLJob:
         advantages = compute_advantages(self.estimator, rewards, group_size=n, cfg=self.cfg)
         started = time.perf_counter()
         batches = self._micro_batches(engine, samples, advantages)
-        on_policy = self._updates(batches) == 1
+        on_policy = self._updates(batches) == 1 and self.cfg.algorithm.old_logprobs == "auto"
         mismatch = self._add_logprobs(engine, batches, samples, on_policy=on_policy)
         metrics = {**self._update(engine, batches, on_policy=on_policy), **mismatch}
         update_s = time.perf_counter() - started

@@ -15,9 +15,11 @@ def build_embedded(*, cfg: Any, engine: Any, env: Any, tokenizer: Any) -> Any:
     """The trained model itself generates (batched HF generation with a KV cache)."""
     from graft.rollout.embedded import EmbeddedRollout
 
+    static = cfg.rollout.decode == "static"
     return EmbeddedRollout(engine.model, pad_token_id=tokenizer.pad_token_id,
                            eos_token_id=tokenizer.eos_token_id, device=env.device,
-                           reshard_blocks=cfg.engine.reshard_after_forward)
+                           reshard_blocks=cfg.engine.reshard_after_forward,
+                           static_copy_dtype=engine.compute_dtype if static else None)
 
 
 def build_vllm(*, cfg: Any, engine: Any, env: Any, run_dir: Path, tokenizer: Any) -> Any:

@@ -1,8 +1,13 @@
-"""The embedded rollout engine: the trainer's own (FSDP2) model generates, with a KV cache.
+"""The embedded rollout engine: the trained model generates, with a KV cache.
 
+``rollout.decode=dynamic``: the trainer's own (FSDP2) model generates with a growing cache.
 Every rank generates for its own prompts; with several ranks ``synced_gpus`` keeps them stepping
 together (each decode step runs FSDP2 collectives). During generation the parameters stay
 gathered (``reshard_after_forward`` off), so decoding does not all-gather every block per token.
+
+``rollout.decode=static``: a plain copy of the weights in the compute dtype
+(`graft.rollout.inference_copy.InferenceCopy`, refreshed after every update) generates with a
+static cache, which transformers compiles (CUDA graphs) on GPU; ranks generate independently.
 """
 
 from __future__ import annotations
@@ -24,44 +29,59 @@ class EmbeddedRollout:
     llm = None
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_id: int,
-                 device: torch.device, reshard_blocks: bool = True) -> None:
+                 device: torch.device, reshard_blocks: bool = True,
+                 static_copy_dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.reshard_blocks = reshard_blocks
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
         self.device = device
+        self.copy = None
+        if static_copy_dtype is not None:
+            from graft.rollout.inference_copy import InferenceCopy
+
+            self.copy = InferenceCopy(model, dtype=static_copy_dtype, device=device)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
         """Batched sampling (left-padded prompts) with temperature, top-p and a token cap."""
         ids, mask = self._left_pad(prompts)
-        self.model.eval()
-        with GatheredParameters(self.model, reshard_blocks=self.reshard_blocks):
-            out = self.model.generate(
-                input_ids=ids, attention_mask=mask, do_sample=True, temperature=spec.temperature,
-                top_p=spec.top_p, top_k=0, max_new_tokens=spec.max_new_tokens, use_cache=True,
-                pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
-                return_dict_in_generate=True, output_logits=True,
-                synced_gpus=dist.is_initialized() and dist.get_world_size() > 1)
+        options = dict(input_ids=ids, attention_mask=mask, do_sample=True,
+                       temperature=spec.temperature, top_p=spec.top_p, top_k=0,
+                       max_new_tokens=spec.max_new_tokens, use_cache=True,
+                       pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
+                       return_dict_in_generate=True, output_logits=True)
+        if self.copy is not None:
+            out = self.copy.model.generate(**options, cache_implementation="static")
+        else:
+            self.model.eval()
+            with GatheredParameters(self.model, reshard_blocks=self.reshard_blocks):
+                out = self.model.generate(**options, synced_gpus=dist.is_initialized()
+                                          and dist.get_world_size() > 1)
         new_tokens = out.sequences[:, ids.shape[1]:]
         # One decode step at a time, with the trainer's own log-prob function: never a fp32 copy
         # of all (sequences x steps x vocab) logits.
         temperature = torch.full((len(prompts),), spec.temperature, device=new_tokens.device)
         logprobs = torch.stack([token_logprobs(step, new_tokens[:, i], temperature)
                                 for i, step in enumerate(out.logits)], dim=1)
-        samples = []
-        for row, prompt in enumerate(prompts):
-            response = cut_at_eos(new_tokens[row].tolist(), self.eos_token_id)
-            samples.append(RolloutSample(prompt, response, logprobs[row, :len(response)].cpu()))
-        return samples
+        responses = [cut_at_eos(row, self.eos_token_id) for row in new_tokens.tolist()]
+        logprobs = logprobs.cpu()  # one device-to-host copy for the whole batch
+        return [RolloutSample(prompt, response, logprobs[row, :len(response)])
+                for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True))]
 
     def request_extras(self, *names: str) -> None:
         """No per-request outputs: plugins record what they need with hooks on `model`."""
         refuse_extras(self.kind, names)
 
     def sync_weights(self) -> dict[str, float]:
-        """Nothing to do: the engine is the trained model."""
-        return {"weight_sync_s": 0.0}
+        """Nothing to do when the trained model generates; refresh the static copy otherwise."""
+        if self.copy is None:
+            return {"weight_sync_s": 0.0}
+        import time
+
+        started = time.perf_counter()
+        self.copy.refresh()
+        return {"weight_sync_s": time.perf_counter() - started}
 
     def close(self) -> None:
         """Nothing to release."""

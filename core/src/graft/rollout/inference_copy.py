@@ -1,0 +1,53 @@
+"""`InferenceCopy`: a plain (unsharded, no FSDP) copy of the trained model for generation.
+
+It holds every parameter and buffer whole on this rank's device, in the compute dtype (what the
+trainer's forward casts to under mixed precision), so generation runs without FSDP hooks or
+collectives and transformers can compile its decode step. `refresh` copies the trained weights in
+(gathered from their shards, one tensor at a time); the rollout engine calls it after each update.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from graft.export.gather import gather_full
+from graft.export.handlers import exported_entries
+
+
+class InferenceCopy:
+    """The trained model's architecture with its own weights in ``dtype`` on ``device``."""
+
+    def __init__(self, trained: torch.nn.Module, *, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        from transformers import AutoModelForCausalLM
+
+        config = copy.deepcopy(trained.config)
+        config.use_cache = True
+        attention = getattr(config, "_attn_implementation", None)
+        # FlexAttention pays off on packed training rows; transformers' generation with a
+        # padded KV cache does not support it, and SDPA is the fast path there.
+        kwargs = {"attn_implementation": "sdpa"} if attention == "flex_attention" else {}
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+        model.to_empty(device=device)
+        if getattr(trained, "generation_config", None) is not None:
+            model.generation_config = copy.deepcopy(trained.generation_config)
+        self.model = model.eval().requires_grad_(False)
+        self.trained = trained
+        self.dtype = dtype
+        self._targets = dict(self.model.state_dict(keep_vars=True))
+        self._buffers = {name for name, _ in self.model.named_buffers()}
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copy the trained model's current weights in (a collective: every rank calls it)."""
+        for name, value in exported_entries(self.trained):
+            whole, _ = gather_full(value, dtype=self.dtype)
+            self._targets[name].copy_(whole)
+        # Non-persistent buffers (rotary tables) are not in the state dict: take them as they are.
+        for name, buffer in self.trained.named_buffers():
+            if name in self._buffers and name not in self._targets:
+                self.model.get_buffer(name).copy_(buffer)
