@@ -5,7 +5,8 @@ A TinyLlama-1.1B-shaped dense model (random bf16 compute, fp32 masters), the syn
 task, ``--prompts`` prompts x ``--n`` samples per step, up to ``--max-new-tokens`` generated
 tokens each, GRPO with token-mean, FSDP2 on one GPU. One run per ``--variants`` entry (`VARIANTS`:
 before = the old-log-prob pass every step and the dynamic-cache decode; skip = the on-policy
-skip; static = plus the static-cache decode copy; flex = plus FlexAttention for packed rows),
+skip; static = plus the static-cache decode copy; rows = plus packed rows of at most 2048
+tokens; flex = static plus FlexAttention for packed rows),
 then an SFT step through the last variant's engine on samples of the RL batch's lengths. The
 first step (warm-up) is left out of the averages.
 
@@ -39,6 +40,8 @@ VARIANTS = {
     "before": ["algorithm.old_logprobs=always", "rollout.decode=dynamic"],
     "skip": ["algorithm.old_logprobs=auto", "rollout.decode=dynamic"],
     "static": ["algorithm.old_logprobs=auto", "rollout.decode=static"],
+    "rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
+             "engine.max_tokens_per_row=2048"],
     "flex": ["algorithm.old_logprobs=auto", "rollout.decode=static",
              "model.attn_implementation=flex_attention"],
 }

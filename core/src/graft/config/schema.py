@@ -113,6 +113,10 @@ class EngineConfig:
     activation_checkpointing: bool = False
     # Token budget of one packed micro-batch (per rank).
     max_tokens_per_micro_batch: int = 4096
+    # Pack a micro-batch's samples into rows of at most this many tokens (0: one row). Attention
+    # over a packed row costs the square of its length unless the attention kernel skips
+    # masked blocks (flex_attention), so shorter rows can be much faster for short samples.
+    max_tokens_per_row: int = 0
     # Pad each packed micro-batch to a multiple of pad_to_length_bucket tokens, so compiled
     # kernels see few distinct shapes.
     pad_to_length: bool = False

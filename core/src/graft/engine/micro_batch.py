@@ -140,36 +140,65 @@ class MicroBatch:
         return gather_sequences(per_token, self.sequence_index, self.sequence_valid)
 
 
-def layout_rows(lengths: Sequence[int], *, packs_sequences: bool,
-                pad_bucket: int | None) -> PackedLayout:
-    """Place samples of ``lengths`` in rows (one packed row, or one row each) and size the pad."""
-    segments = []
+def layout_rows(lengths: Sequence[int], *, packs_sequences: bool, pad_bucket: int | None,
+                max_row_tokens: int | None = None) -> PackedLayout:
+    """Place samples of ``lengths`` in rows and size the pad.
+
+    Packing families put all samples in one row, or, with ``max_row_tokens``, in as few rows of
+    at most that many tokens as first-fit-decreasing finds (a longer sample gets a row of its
+    own): attention over a packed row costs the square of its length, so shorter rows cost
+    less attention for a little more pad. Other families give each sample its own row.
+    """
     if packs_sequences:
-        offset = 0
-        for index, length in enumerate(lengths):
-            segments.append(Segment(index, 0, offset, length))
-            offset += length
-        content, rows = offset, 1
+        rows = _fill_rows(lengths, max_row_tokens)
+        segments, filled = [], []
+        for row, members in enumerate(rows):
+            offset = 0
+            for index in members:
+                segments.append(Segment(index, row, offset, lengths[index]))
+                offset += lengths[index]
+            filled.append(offset)
+        segments.sort(key=lambda s: s.sample)
+        content, num_rows = max(filled, default=0), max(len(rows), 1)
     else:
         segments = [Segment(i, i, 0, length) for i, length in enumerate(lengths)]
-        content, rows = max(lengths, default=0), max(len(lengths), 1)
+        content, num_rows = max(lengths, default=0), max(len(lengths), 1)
     row_length = max(content, 1)
     if pad_bucket:
         row_length += pad_amount(row_length, pad_bucket)
-    return PackedLayout(tuple(segments), rows, row_length, row_length - content)
+    return PackedLayout(tuple(segments), num_rows, row_length, row_length - content)
+
+
+def _fill_rows(lengths: Sequence[int], max_row_tokens: int | None) -> list[list[int]]:
+    """Sample indices per row: one row of all when unlimited, else first-fit decreasing (each
+    row keeps its samples in their original order)."""
+    if not max_row_tokens or sum(lengths) <= max_row_tokens:
+        return [list(range(len(lengths)))]
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        row = next((r for r, free in enumerate(room) if free >= lengths[index]), None)
+        if row is None:
+            rows.append([])
+            room.append(max(max_row_tokens, lengths[index]))
+            row = len(rows) - 1
+        rows[row].append(index)
+        room[row] -= lengths[index]
+    return [sorted(members) for members in rows]
 
 
 def build_micro_batch(samples: Sequence[TokenSample], *, packs_sequences: bool,
                       pad_token_id: int, pad_bucket: int | None = None,
                       temperatures: Sequence[float] | None = None,
-                      extras: Mapping[str, Sequence[torch.Tensor]] | None = None) -> MicroBatch:
+                      extras: Mapping[str, Sequence[torch.Tensor]] | None = None,
+                      max_row_tokens: int | None = None) -> MicroBatch:
     """Pack ``samples``, roll labels within each sample, then pad rows (``pad_to_length``).
 
     ``extras`` are per-sample, per-token tensors aligned with the labels (entry ``t`` belongs to
     the prediction of token ``t + 1``), placed in the same grid with fill 0.
     """
     layout = layout_rows([len(s) for s in samples], packs_sequences=packs_sequences,
-                         pad_bucket=pad_bucket)
+                         pad_bucket=pad_bucket, max_row_tokens=max_row_tokens)
     ids = [torch.as_tensor(list(s.input_ids), dtype=torch.long) for s in samples]
     labels = [torch.cat([i[1:], i.new_full((1,), pad_token_id)]) for i in ids]
     masks = [label_mask(s) for s in samples]

@@ -112,6 +112,7 @@ class TrainEngine:
             pad_token_id=self.pad_token_id, pad_bucket=bucket,
             temperatures=None if temperatures is None else [temperatures[i] for i in group],
             extras={k: [v[i] for i in group] for k, v in (extras or {}).items()},
+            max_row_tokens=engine.max_tokens_per_row or None,
         ) for group in groups]
 
     def aggregation_context(self, micro_batches: Sequence[MicroBatch],

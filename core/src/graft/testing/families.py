@@ -27,21 +27,24 @@ def _samples(seed: int) -> list[TokenSample]:
 
 
 def _logprobs_and_grads(model: torch.nn.Module, family: Any, samples: list[TokenSample],
-                        pad_bucket: int | None = None) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+                        pad_bucket: int | None = None, max_row_tokens: int | None = None
+                        ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     model.zero_grad()
     batch = build_micro_batch(samples, packs_sequences=family.packs_sequences, pad_token_id=0,
-                              pad_bucket=pad_bucket)
+                              pad_bucket=pad_bucket, max_row_tokens=max_row_tokens)
     logp, _ = forward_logprobs(model, family, batch, compute_dtype=torch.float32)
     (logp * batch.tensors["loss_mask"]).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return batch.layout.unpad(logp.detach()), grads
 
 
-def check_packing(model: torch.nn.Module, family: Any) -> None:
-    """A micro-batch of several samples (padded to a bucket) gives each sample's log-probs and
-    the sum of their gradients, as when each runs alone."""
+def check_packing(model: torch.nn.Module, family: Any, *, max_row_tokens: int | None = None) -> None:
+    """A micro-batch of several samples (padded to a bucket; in rows of at most
+    ``max_row_tokens`` when given) gives each sample's log-probs and the sum of their gradients,
+    as when each runs alone."""
     samples = _samples(0)
-    together, grads = _logprobs_and_grads(model, family, samples, pad_bucket=64)
+    together, grads = _logprobs_and_grads(model, family, samples, pad_bucket=64,
+                                          max_row_tokens=max_row_tokens)
     alone_grads: dict[str, torch.Tensor] = {}
     for index, sample in enumerate(samples):
         (alone,), sample_grads = _logprobs_and_grads(model, family, [sample])

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call: install the carried wheels and Graft's distributions, then run each STEP
+# ("name:seconds:command") with its own time limit, one after another; results go to
+# $OUT/results/<name>.json (the command's --out) and $OUT/log.txt, packed as $OUT/results.tgz.
+# A step that fails or runs out of time is recorded and the next one runs.
+#
+#   bash bench/gpu/run.sh "rl:300:python3 bench/rl_throughput.py --out \$R/rl.json" ...
+set -u
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+R=$OUT/results
+mkdir -p "$R"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+started=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .whl/* || exit 1
+export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-deps --no-build-isolation -e core $(ls -d plugins/*/ 2>/dev/null | sed 's/^/-e /') || exit 1
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
+python3 -m graft plugins --json | python3 -c "import json,sys; print([(p['name'], p['status']) for p in json.load(sys.stdin)])"
+for step in "$@"; do
+  name=${step%%:*}; rest=${step#*:}; limit=${rest%%:*}; command=${rest#*:}
+  echo "=== $name (limit ${limit}s, at $(( $(date +%s) - started ))s): $command"
+  t0=$(date +%s)
+  R=$R timeout --signal=INT --kill-after=20 "$limit" bash -c "$command"
+  echo "=== $name: exit $? after $(( $(date +%s) - t0 ))s"
+done
+tar czf "$OUT/results.tgz" -C "$R" .
+echo "=== total $(( $(date +%s) - started ))s"
