@@ -60,3 +60,27 @@ def test_bad_model_path(path: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         build_model(ModelConfig(path=path))
 
+
+
+def test_family_prepare_model_runs_on_every_build(graft_plugin, tmp_path: Path) -> None:
+    """Presets, local checkpoints (full and empty-parameter builds) all pass through it."""
+    import dataclasses
+
+    from graft import hookimpl
+    from graft.models.build import build_empty_model
+    from graft.models.builtin import BUILTIN_FAMILIES
+
+    prepared = []
+    llama = next(f for f in BUILTIN_FAMILIES if f.model_type == "llama")
+
+    class Marking:
+        @hookimpl
+        def graft_model_families(self):
+            return [dataclasses.replace(llama, prepare_model=lambda m: prepared.append(m))]
+
+    graft_plugin(Marking(), name="marking")
+    model, _ = build_model(ModelConfig(preset="tiny-llama"))
+    model.save_pretrained(tmp_path)
+    from_path, _ = build_model(ModelConfig(path=str(tmp_path)))
+    empty, _ = build_empty_model(ModelConfig(path=str(tmp_path)))
+    assert prepared == [model, from_path, empty]

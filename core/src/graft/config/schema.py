@@ -187,8 +187,8 @@ class RolloutConfig:
     max_new_tokens: int = 8
     # embedded only. dynamic: the trained (sharded) model generates with a growing KV cache.
     # static: a plain copy of the weights in the compute dtype (refreshed after every update)
-    # generates with a static KV cache; transformers compiles its decode step (CUDA graphs) on
-    # GPU and no rank waits for another during generation.
+    # generates with a static KV cache (for models transformers compiles whole); transformers
+    # compiles its decode step (CUDA graphs) on GPU and no rank waits for another.
     decode: str = choice("dynamic", ("dynamic", "static"))
     # vLLM only: fraction of GPU memory for weights and KV cache; context length.
     gpu_memory_utilization: float = 0.3

@@ -45,7 +45,7 @@ def build_model(model_cfg: ModelConfig, *, seed: int = 0, device: torch.device |
         if family.init_weights is not None:
             with torch.no_grad():
                 family.init_weights(model, seed)
-    _finish(model, model_cfg)
+    _finish(model, model_cfg, family)
     return model, family
 
 
@@ -79,7 +79,7 @@ def build_empty_model(model_cfg: ModelConfig, *, manager: GraftPluginManager | N
     config, family = resolve_config(model_cfg, manager)
     with parameters_on_meta():
         model = AutoModelForCausalLM.from_config(config, **_model_kwargs(model_cfg))
-    _finish(model, model_cfg)
+    _finish(model, model_cfg, family)
     return model, family
 
 
@@ -113,10 +113,12 @@ def _model_kwargs(model_cfg: ModelConfig) -> dict[str, Any]:
     return kwargs
 
 
-def _finish(model: torch.nn.Module, model_cfg: ModelConfig) -> None:
+def _finish(model: torch.nn.Module, model_cfg: ModelConfig, family: ModelFamily) -> None:
     if model_cfg.experts_implementation:
         model.set_experts_implementation(model_cfg.experts_implementation)
     model.config.use_cache = False
+    if family.prepare_model is not None:
+        family.prepare_model(model)
 
 
 def build_skeleton(model_cfg: ModelConfig) -> torch.nn.Module:

@@ -42,7 +42,14 @@ class ModelFamily:
         packed_attention_mask: the ``attention_mask`` argument for a packed row (None lets
             transformers derive it from ``position_ids``; a dict of per-layer-type masks for
             models whose mask code ignores ``position_ids``).
+        left_padding_exact: True when a prompt left-padded in a batch of longer ones gives the
+            outputs it gives alone (the attention mask hides the pad). False makes the embedded
+            rollout generate prompts of one length together (DeepSeek-V4's compressor and
+            indexer ignore the mask).
         init_weights: called after a random init (presets) to give buffers sensible values.
+        prepare_model: called on every model built for this family (presets, checkpoints,
+            the KL reference, inference copies), right after construction: family-level fixes
+            that must hold whatever the weights (hooks on transformers modules, say).
         router_modules: the MoE router modules in layer order (routing replay); None for dense.
         routing_weights: ``f(router, logits, ids) -> weights``: the weights ``router`` gives the
             experts ``ids`` ``(T, k)`` from its logits ``(T, E)`` (its forward's first output),
@@ -72,7 +79,9 @@ class ModelFamily:
     decoder_blocks: Callable[[torch.nn.Module], Sequence[torch.nn.Module]] = standard_decoder_blocks
     packs_sequences: bool = True
     packed_attention_mask: Callable[[PretrainedConfig, torch.Tensor, torch.dtype], Any] = no_packed_mask
+    left_padding_exact: bool = True
     init_weights: Callable[[torch.nn.Module, int], None] | None = None
+    prepare_model: Callable[[torch.nn.Module], None] | None = None
     router_modules: Callable[[torch.nn.Module], Sequence[torch.nn.Module]] | None = None
     routing_weights: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     static_routing: Callable[[torch.nn.Module], bool] | None = None

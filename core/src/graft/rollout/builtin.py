@@ -19,7 +19,8 @@ def build_embedded(*, cfg: Any, engine: Any, env: Any, tokenizer: Any) -> Any:
     return EmbeddedRollout(engine.model, pad_token_id=tokenizer.pad_token_id,
                            eos_token_id=tokenizer.eos_token_id, device=env.device,
                            reshard_blocks=cfg.engine.reshard_after_forward,
-                           static_copy_dtype=engine.compute_dtype if static else None)
+                           static_copy_dtype=engine.compute_dtype if static else None,
+                           left_padding_exact=engine.family.left_padding_exact)
 
 
 def build_vllm(*, cfg: Any, engine: Any, env: Any, run_dir: Path, tokenizer: Any) -> Any:

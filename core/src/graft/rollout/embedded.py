@@ -30,8 +30,10 @@ class EmbeddedRollout:
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_id: int,
                  device: torch.device, reshard_blocks: bool = True,
-                 static_copy_dtype: torch.dtype | None = None) -> None:
+                 static_copy_dtype: torch.dtype | None = None,
+                 left_padding_exact: bool = True) -> None:
         self.model = model
+        self.left_padding_exact = left_padding_exact
         self.reshard_blocks = reshard_blocks
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
@@ -44,7 +46,33 @@ class EmbeddedRollout:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
-        """Batched sampling (left-padded prompts) with temperature, top-p and a token cap."""
+        """Batched sampling (left-padded prompts) with temperature, top-p and a token cap.
+
+        For a family whose outputs change when a prompt is left-padded
+        (``ModelFamily.left_padding_exact`` false), prompts of one length generate together.
+        """
+        if self.left_padding_exact:
+            return self._generate(prompts, spec)
+        samples: list[RolloutSample | None] = [None] * len(prompts)
+        for length in self._lengths(prompts):
+            rows = [i for i, prompt in enumerate(prompts) if len(prompt) == length]
+            # A rank without prompts of a length another rank has still steps along with it
+            # (FSDP collectives in every decode step): one stand-in prompt, dropped.
+            batch = [prompts[i] for i in rows] or [[self.pad_token_id] * length]
+            for row, sample in zip(rows, self._generate(batch, spec), strict=False):
+                samples[row] = sample
+        return samples
+
+    def _lengths(self, prompts: list[list[int]]) -> list[int]:
+        """The prompt lengths to generate for, agreed by every rank that decodes in step."""
+        lengths = {len(p) for p in prompts}
+        if self.copy is None and dist.is_initialized() and dist.get_world_size() > 1:
+            every: list[set[int]] = [set() for _ in range(dist.get_world_size())]
+            dist.all_gather_object(every, lengths)
+            lengths = set().union(*every)
+        return sorted(lengths)
+
+    def _generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
         ids, mask = self._left_pad(prompts)
         options = dict(input_ids=ids, attention_mask=mask, do_sample=True,
                        temperature=spec.temperature, top_p=spec.top_p, top_k=0,
@@ -52,7 +80,7 @@ class EmbeddedRollout:
                        pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
                        return_dict_in_generate=True, output_logits=True)
         if self.copy is not None:
-            out = self.copy.model.generate(**options, cache_implementation="static")
+            out = self.copy.model.generate(**options, **self.copy.cache_options())
         else:
             self.model.eval()
             with GatheredParameters(self.model, reshard_blocks=self.reshard_blocks):

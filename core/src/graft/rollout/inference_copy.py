@@ -14,6 +14,7 @@ import torch
 
 from graft.export.gather import gather_full
 from graft.export.handlers import exported_entries
+from graft.models.registry import family_for
 
 
 class InferenceCopy:
@@ -32,6 +33,9 @@ class InferenceCopy:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
         model.to_empty(device=device)
+        family = family_for(config.model_type)
+        if family.prepare_model is not None:
+            family.prepare_model(model)
         if getattr(trained, "generation_config", None) is not None:
             model.generation_config = copy.deepcopy(trained.generation_config)
         self.model = model.eval().requires_grad_(False)
@@ -40,6 +44,14 @@ class InferenceCopy:
         self._targets = dict(self.model.state_dict(keep_vars=True))
         self._buffers = {name for name, _ in self.model.named_buffers()}
         self.refresh()
+
+    def cache_options(self) -> dict[str, str]:
+        """``generate`` options: a static KV cache (compiled decode on GPU) for models
+        transformers can compile whole; the default growing cache for the others (DeepSeek-V4's
+        compressed attention has no static cache)."""
+        if getattr(self.model, "_can_compile_fullgraph", False):
+            return {"cache_implementation": "static"}
+        return {}
 
     @torch.no_grad()
     def refresh(self) -> None:

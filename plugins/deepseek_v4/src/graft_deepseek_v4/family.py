@@ -1,4 +1,5 @@
-"""The ``deepseek_v4`` `graft.models.ModelFamily`: preset, seeded hash table, no packing, routers."""
+"""The ``deepseek_v4`` `graft.models.ModelFamily`: preset, seeded hash table, tie-stable indexer,
+no packing, routers."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ if TYPE_CHECKING:
 
 
 def tiny_deepseek_v4(**overrides: Any) -> PretrainedConfig:
-    """DeepSeek-V4: one hash-routed and one learned-router MoE layer, CSA and HCA attention."""
-    return preset_config("deepseek_v4", overrides, moe_intermediate_size=32,
-                         num_attention_heads=4, num_key_value_heads=1, head_dim=32,
-                         q_lora_rank=32, n_routed_experts=8, num_experts_per_tok=2, o_groups=2,
-                         o_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=4,
-                         sliding_window=16, hc_mult=2, partial_rotary_factor=0.25,
+    """DeepSeek-V4: one hash-routed and one learned-router MoE layer, CSA and HCA attention.
+
+    Every quantised size is a multiple of the QAT tiles (128; 64 non-RoPE KV channels), so
+    ``features.deepseek_v4.qat`` runs on it; 2 index heads make tied indexer scores common.
+    """
+    return preset_config("deepseek_v4", overrides, hidden_size=128, moe_intermediate_size=128,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                         q_lora_rank=128, n_routed_experts=8, num_experts_per_tok=2, o_groups=2,
+                         o_lora_rank=128, index_n_heads=2, index_head_dim=128, index_topk=4,
+                         sliding_window=16, hc_mult=2, partial_rotary_factor=0.5,
                          max_position_embeddings=4096,
                          layer_types=["compressed_sparse_attention",
                                       "heavily_compressed_attention"],
@@ -40,9 +45,17 @@ def seeded_hash_table(model: torch.nn.Module, seed: int) -> None:
         if table is None:
             continue
         vocab, top_k = table.shape
-        num_experts = model.config.n_routed_experts
-        rows = [torch.randperm(num_experts, generator=generator)[:top_k] for _ in range(vocab)]
-        table.copy_(torch.stack(rows).to(table.dtype))
+        # a random permutation of the experts per token (argsort of uniform draws), cut to top_k
+        draws = torch.rand((vocab, model.config.n_routed_experts), generator=generator)
+        table.copy_(draws.argsort(dim=-1)[:, :top_k].to(table.dtype))
+
+
+def prepare_model(model: torch.nn.Module) -> None:
+    """Every DeepSeek-V4 model Graft builds: the tie-stable indexer top-k
+    (`graft_deepseek_v4.indexer`)."""
+    from graft_deepseek_v4.indexer import install_stable_indexer_topk
+
+    install_stable_indexer_topk(model)
 
 
 def routing_weights(router: torch.nn.Module, logits: torch.Tensor,
@@ -60,8 +73,11 @@ def is_hash_router(router: torch.nn.Module) -> bool:
 
 def deepseek_v4_family() -> ModelFamily:
     """The family Graft uses for ``model_type == "deepseek_v4"``; its compressed attention mixes
-    positions across packed samples, so every sample gets its own row."""
+    positions across packed samples, so every sample gets its own row, and its compressor and
+    indexer ignore the attention mask, so prompts of one length generate together."""
     return ModelFamily("deepseek_v4", presets={"tiny-deepseek-v4": tiny_deepseek_v4},
-                       packs_sequences=False, init_weights=seeded_hash_table,
+                       packs_sequences=False, left_padding_exact=False,
+                       init_weights=seeded_hash_table,
+                       prepare_model=prepare_model,
                        router_modules=routers_at("gate"), routing_weights=routing_weights,
                        static_routing=is_hash_router)

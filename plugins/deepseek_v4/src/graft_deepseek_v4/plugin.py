@@ -5,6 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from graft import hookimpl
+from graft_deepseek_v4.config import DeepseekV4Config
+
+
+@hookimpl
+def graft_config_sections() -> list[tuple[str, type]]:
+    """``features.deepseek_v4``: QAT and GSPO settings."""
+    return [("deepseek_v4", DeepseekV4Config)]
 
 
 @hookimpl
@@ -13,3 +20,30 @@ def graft_model_families() -> list[Any]:
     from graft_deepseek_v4.family import deepseek_v4_family
 
     return [deepseek_v4_family()]
+
+
+@hookimpl
+def graft_pre_shard(model: Any, cfg: Any, mesh: Any, role: str) -> None:
+    """QAT's fake quantisation (``features.deepseek_v4.qat``) on the policy and the KL
+    reference alike."""
+    if cfg.features.deepseek_v4.qat != "none":
+        from graft_deepseek_v4.install import install_qat
+
+        install_qat(model, cfg, role, mesh)
+
+
+@hookimpl
+def graft_policy_losses() -> dict[str, Any]:
+    """``loss.policy_loss=gspo``: GSPO, reduced by any ``loss.loss_agg_mode``."""
+    from graft_deepseek_v4.gspo import gspo_loss
+
+    return {"gspo": gspo_loss}
+
+
+@hookimpl
+def graft_step_end(step: int, metrics: dict[str, float]) -> None:
+    """Masters back in place before checkpoints and export; ``deepseek_v4/qat_weight_passes``
+    (weight quantisation passes this step: one per optimizer step)."""
+    from graft_deepseek_v4.weights import step_metrics
+
+    metrics.update(step_metrics())

@@ -1,0 +1,158 @@
+"""GPU correctness of graft-deepseek-v4's Triton quantisers: bit-equal to the PyTorch reference.
+
+For each case (large random bf16 tensors spread over many orders of magnitude, plus edge cases:
+all-zero and tiny tiles, amax exactly 448 * 2^k, negative zeros, E2M1 ties, bf16's extremes, a
+row count that is not a multiple of the kernel's block), the Triton kernels' dequantised output
+(compared as raw bits), scales and FP8 codes must equal the reference's exactly. Both are also
+compared with an independent float64 formulation (scale = 2^ceil(log2(amax / qmax)) via
+``torch.log2``), which is what runs on CPU with ``--small`` (no Triton there).
+
+    python bench/gpu/qat_check.py --out $OUT/qat_check.json     # one H200, < 30 s
+    python bench/gpu/qat_check.py --small                       # CPU: reference vs float64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from graft_deepseek_v4.quant import reference
+from graft_deepseek_v4.quant.reference import AMAX_FLOOR, E2M1_MAX, E4M3_MAX
+
+
+def spread(*shape: int, seed: int, device: torch.device) -> torch.Tensor:
+    """Random bf16 values over ~20 orders of magnitude (row- and column-wise), some exact 0."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(shape, device=device, generator=generator)
+    rows = torch.empty(shape[:-1], device=device).uniform_(-30, 15, generator=generator).exp()
+    cols = torch.empty(shape[-1], device=device).uniform_(-5, 5, generator=generator).exp()
+    x = x * rows[..., None] * cols
+    x[torch.rand(shape, device=device, generator=generator) < 0.01] = 0.0
+    return x.bfloat16()
+
+
+def edge_cases(device: torch.device) -> torch.Tensor:
+    """(256, 256) bf16: one special 128x128 tile or 1x128 row group after another."""
+    x = torch.zeros(256, 256)
+    x[0, :128] = 0.0  # all-zero rows (rows 0-127, cols 0-127 stay zero: an all-zero tile)
+    x[128:130, :128] = torch.randn(2, 128) * 1e-7  # amax below the floor
+    k = torch.arange(-10, 10, dtype=torch.float64)
+    x[130, :20] = (E4M3_MAX * torch.exp2(k)).float()  # amax / 448 exactly a power of two
+    x[131, :20] = (E2M1_MAX * torch.exp2(k)).float()
+    x[132, :8] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, -5.0])  # E2M1 ties
+    x[133, :4] = torch.tensor([448.0, 17.0, 19.0, 21.0])  # E4M3 ties
+    x[134, :4] = torch.tensor([-0.0, -1e-30, 3.3e38, -3.3e38])  # -0, tiny, bf16's extremes
+    x[:, 128:] = torch.randn(256, 128) * torch.logspace(-20, 20, 256)[:, None]
+    return x.bfloat16().to(device)
+
+
+def float64_fp8(x: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """An independent fake quant: float64 log2/ceil scales (exact for bf16 inputs)."""
+    tiles = reference._tile_view(x, block, "check").double()
+    amax = tiles.abs().amax(dim=(-3, -1), keepdim=True).clamp(min=torch.tensor(AMAX_FLOOR).float()
+                                                              .item())
+    scale = torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)))
+    codes = (tiles / scale).float().to(torch.float8_e4m3fn)
+    out = (codes.double() * scale).reshape(x.shape).to(torch.bfloat16)
+    return out, scale.float().reshape(reference._scales_shape(x, block))
+
+
+def float64_fp4(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tiles = reference._tile_view(x, (1, group), "check").double()
+    amax = tiles.abs().amax(dim=-1, keepdim=True).clamp(min=torch.tensor(AMAX_FLOOR).float().item())
+    scale = torch.exp2(torch.ceil(torch.log2(amax / E2M1_MAX)))
+    values = reference.round_to_e2m1((tiles / scale).float()).double()
+    out = (values * scale).reshape(x.shape).to(torch.bfloat16)
+    return out, scale.float().reshape(reference._scales_shape(x, (1, group)))
+
+
+def cases(device: torch.device, small: bool) -> list[tuple[str, torch.Tensor, str, object]]:
+    """(name, input, kind, block or group)."""
+    scale = 16 if small else 1
+    edges = edge_cases(device)
+    return [
+        ("activations 1x128", spread(16384 // scale, 7168 // scale // 128 * 128, seed=0,
+                                     device=device), "fp8", (1, 128)),
+        ("rows not a multiple of the block", spread(1000, 512, seed=1, device=device), "fp8",
+         (1, 128)),
+        ("kv cache 1x64", spread(16384 // scale, 448, seed=2, device=device), "fp8", (1, 64)),
+        ("weights 128x128", spread(7168 // scale // 128 * 128, 7168 // scale // 128 * 128,
+                                   seed=3, device=device), "fp8", (128, 128)),
+        ("fp8 experts 128x128", spread(8, 4096 // scale, 2048 // scale, seed=4, device=device),
+         "fp8", (128, 128)),
+        ("fp4 experts 1x32", spread(16, 4096 // scale, 2048 // scale, seed=5, device=device), "fp4",
+         32),
+        ("edge cases 128x128", edges, "fp8", (128, 128)),
+        ("edge cases 1x128", edges, "fp8", (1, 128)),
+        ("edge cases fp4 1x32", edges, "fp4", 32),
+    ]
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int]:
+    """Bitwise equality (so -0.0 != 0.0) and the number of differing elements."""
+    view = {torch.bfloat16: torch.int16, torch.float32: torch.int32,
+            torch.float8_e4m3fn: torch.uint8}[a.dtype]
+    differ = int((a.view(view) != b.view(view)).sum())
+    return differ == 0, differ
+
+
+def check(name: str, x: torch.Tensor, kind: str, block: object, fused: object | None) -> dict:
+    if kind == "fp8":
+        ours = reference.fake_quant_fp8(x, block)
+        independent = float64_fp8(x, block)
+    else:
+        ours = reference.fake_quant_fp4(x, block)
+        independent = float64_fp4(x, block)
+    row = {"case": name, "shape": list(x.shape), "block": block,
+           "reference_vs_float64": all(same_bits(a, b)[0] for a, b in zip(ours, independent,
+                                                                            strict=True))}
+    if fused is not None:
+        started = time.perf_counter()
+        theirs = (fused.fake_quant_fp8(x, block) if kind == "fp8"
+                  else fused.fake_quant_fp4(x, block))
+        torch.cuda.synchronize()
+        row["triton_s"] = round(time.perf_counter() - started, 4)
+        (out_equal, out_differ), (scales_equal, _) = (same_bits(ours[0], theirs[0]),
+                                                      same_bits(ours[1], theirs[1]))
+        row.update(triton_output_equal=out_equal, triton_output_differing=out_differ,
+                   triton_scales_equal=scales_equal)
+        if kind == "fp8":
+            codes, scales = fused.quantize_fp8(x, block)
+            ref_codes, ref_scales = reference.quantize_fp8(x, block)
+            row["triton_codes_equal"] = (same_bits(codes, ref_codes)[0]
+                                         and same_bits(scales, ref_scales)[0])
+    row["ok"] = all(v for k, v in row.items() if k.endswith(("_equal", "_float64")))
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="CPU: reference vs float64 only")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    device = torch.device("cpu" if args.small else "cuda")
+    fused = None
+    if device.type == "cuda":
+        from graft_deepseek_v4.quant import triton_kernels as fused
+    rows = [check(*case, fused) for case in cases(device, args.small)]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    print(f"\n{'case':<34} {'ref=f64':>8} {'triton out':>11} {'scales':>7} {'codes':>6}")
+    for row in rows:
+        print(f"{row['case']:<34} {row['reference_vs_float64']!s:>8} "
+              f"{row.get('triton_output_equal', '-')!s:>11} {row.get('triton_scales_equal', '-')!s:>7} "
+              f"{row.get('triton_codes_equal', '-')!s:>6}")
+    ok = all(row["ok"] for row in rows)
+    print("ALL BIT-EQUAL" if ok else "MISMATCH")
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump({"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+                       "device": str(device), "ok": ok, "rows": rows}, handle, indent=2)
+    raise SystemExit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

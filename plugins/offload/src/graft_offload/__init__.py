@@ -1,0 +1,31 @@
+"""graft-offload: asynchronous activation offload of checkpoint-boundary inputs (entry point
+``offload``).
+
+Importing this package is cheap (no torch); the torch-level names load on first access:
+`apply_offload` (offload chosen modules of a model by hand), `Offloader`, `use_copy_backend`
+(put a copy backend, such as the CPU stand-in `DeferredCopyBackend`, in place of CUDA).
+"""
+
+from typing import Any
+
+from graft_offload.config import OffloadConfig
+
+__version__ = "0.1.0"
+
+__all__ = ["DeferredCopyBackend", "OffloadConfig", "Offloader", "__version__", "apply_offload",
+           "use_copy_backend"]
+
+_LAZY = {
+    "apply_offload": "graft_offload.runtime",
+    "use_copy_backend": "graft_offload.runtime",
+    "Offloader": "graft_offload.offloader",
+    "DeferredCopyBackend": "graft_offload.standin",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graft_offload' has no attribute {name!r}")

@@ -1,0 +1,113 @@
+"""Copy backends: the device operations the offload runs on (streams, events, copies, host memory).
+
+`CopyBackend` is what the offload needs; `CudaCopyBackend` implements it with CUDA streams and
+events and pinned host memory. Tests put `graft_offload.standin.DeferredCopyBackend` in its
+place, so the same state machine runs on a CPU (`graft_offload.runtime.use_copy_backend`).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+import torch
+
+from graft_offload.pool import HostBuffer
+
+PAGE = 4096
+
+
+class CopyBackend(Protocol):
+    """Device operations, all asynchronous with respect to the host where the device allows."""
+
+    device_type: str  # the device type whose tensors this backend offloads ("cuda")
+
+    def is_device_tensor(self, tensor: torch.Tensor) -> bool:
+        """True when ``tensor`` lives on the device (only such tensors are offloaded)."""
+
+    def current_stream(self, device: torch.device) -> Any:
+        """The stream work is being queued on now; looked up on every call, never cached."""
+
+    def new_stream(self, device: torch.device) -> Any:
+        """A new side stream on ``device``."""
+
+    def stream_context(self, stream: Any) -> AbstractContextManager[Any]:
+        """Make ``stream`` the current stream inside the block."""
+
+    def record_event(self, stream: Any, *, timing: bool = False) -> Any:
+        """An event marking the work queued on ``stream`` so far (with a timestamp if ``timing``)."""
+
+    def wait_event(self, stream: Any, event: Any) -> None:
+        """Make later work on ``stream`` wait for ``event`` (without blocking the host)."""
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Queue ``dst.copy_(src)`` on the current stream, asynchronously."""
+
+    def empty(self, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Uninitialised device memory, allocated for the current stream."""
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Milliseconds between two timing events (waits for ``end``)."""
+
+    def host_capacity(self, nbytes: int) -> int:
+        """The bytes a host allocation of ``nbytes`` really takes."""
+
+    def allocate_host(self, nbytes: int) -> tuple[torch.Tensor, str | None]:
+        """``nbytes`` of host memory; None when pinned, else the reason pinning failed."""
+
+    def free_host(self, buffer: HostBuffer) -> None:
+        """Give ``buffer`` back once its last copy is done."""
+
+
+class CudaCopyBackend:
+    """CUDA streams and events; pinned host memory from PyTorch's pinned-memory allocator.
+
+    PyTorch's pinned allocator rounds every block up to a power of two and caches it, so
+    `host_capacity` counts the rounded size: the pool's ceiling bounds what is really pinned.
+    """
+
+    device_type = "cuda"
+
+    def is_device_tensor(self, tensor: torch.Tensor) -> bool:
+        return tensor.is_cuda
+
+    def current_stream(self, device: torch.device) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(device)
+
+    def new_stream(self, device: torch.device) -> torch.cuda.Stream:
+        return torch.cuda.Stream(device=device)
+
+    def stream_context(self, stream: torch.cuda.Stream) -> AbstractContextManager[Any]:
+        return torch.cuda.stream(stream)
+
+    def record_event(self, stream: torch.cuda.Stream, *, timing: bool = False) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=timing)
+        event.record(stream)
+        return event
+
+    def wait_event(self, stream: torch.cuda.Stream, event: torch.cuda.Event) -> None:
+        stream.wait_event(event)
+
+    @torch.no_grad()
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src, non_blocking=True)
+
+    def empty(self, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    def elapsed_ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def host_capacity(self, nbytes: int) -> int:
+        return max(PAGE, 1 << (max(nbytes, 1) - 1).bit_length())
+
+    def allocate_host(self, nbytes: int) -> tuple[torch.Tensor, str | None]:
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), None
+        except RuntimeError as exc:  # out of pinnable memory, or no driver support
+            return torch.empty(nbytes, dtype=torch.uint8), str(exc).splitlines()[0]
+
+    def free_host(self, buffer: HostBuffer) -> None:
+        if buffer.free_after is not None:
+            buffer.free_after.synchronize()
