@@ -5,7 +5,8 @@ A TinyLlama-1.1B-shaped dense model (random bf16 compute, fp32 masters), the syn
 task, ``--prompts`` prompts x ``--n`` samples per step, up to ``--max-new-tokens`` generated
 tokens each, GRPO with token-mean, FSDP2 on one GPU. One run per ``--variants`` entry (`VARIANTS`:
 before = the old-log-prob pass every step and the dynamic-cache decode; skip = the on-policy
-skip; static = plus the static-cache decode copy; rows = plus packed rows of at most 2048
+skip; static = plus the static-cache decode copy, compiled by inductor (static-cudagraphs: the
+eager kernels replayed from CUDA graphs); rows = static plus packed rows of at most 2048
 tokens; flex = static plus FlexAttention for packed rows),
 then an SFT step through the last variant's engine on samples of the RL batch's lengths. The
 first step (warm-up) is left out of the averages.
@@ -40,6 +41,8 @@ VARIANTS = {
     "before": ["algorithm.old_logprobs=always", "rollout.decode=dynamic"],
     "skip": ["algorithm.old_logprobs=auto", "rollout.decode=dynamic"],
     "static": ["algorithm.old_logprobs=auto", "rollout.decode=static"],
+    "static-cudagraphs": ["algorithm.old_logprobs=auto", "rollout.decode=static",
+                          "rollout.decode_compile=cudagraphs"],
     "rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
              "engine.max_tokens_per_row=2048"],
     "flex": ["algorithm.old_logprobs=auto", "rollout.decode=static",
@@ -132,7 +135,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS),
+                        default=["before", "skip", "static", "static-cudagraphs", "rows"])
     parser.add_argument("--override", nargs="*", default=[], help="more config overrides")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", default=None)
@@ -144,6 +148,7 @@ def main() -> None:
         except Exception as error:  # noqa: BLE001 - one failing variant must not lose the others
             row = {"variant": variant, "error": f"{type(error).__name__}: {error}"[:500]}
         rows.append(row)
+        write(args.out, {"partial": True, "rows": rows})  # what is measured survives a timeout
     measured = [r for r in rows if "error" not in r]
     rows.append(sft_row(args, trainer, measured[-1]))
     rl_rate = measured[-1]["update_tokens_per_s"] / rows[-1]["update_tokens_per_s"]
@@ -160,8 +165,12 @@ def main() -> None:
         print(f"{row['variant']:<36} {row['update_tokens_per_s']:>12,} "
               f"{row['update_model_tflops']:>8} {row.get('rollout_tokens_per_s', ''):>13} "
               f"{row.get('step_s', 0):>7.2f} {row.get('train_infer_logprob_diff', 0):>9.2g}")
-    if args.out:
-        with open(args.out, "w") as handle:
+    write(args.out, result)
+
+
+def write(path: str | None, result: dict[str, Any]) -> None:
+    if path:
+        with open(path, "w") as handle:
             json.dump(result, handle, indent=2)
 
 

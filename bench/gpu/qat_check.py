@@ -91,6 +91,15 @@ def cases(device: torch.device, small: bool) -> list[tuple[str, torch.Tensor, st
     ]
 
 
+def first_differences(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                      count: int = 5) -> list[list[float]]:
+    """``[input, a, b]`` at the first ``count`` positions where ``a`` and ``b`` differ in bits."""
+    view = {torch.bfloat16: torch.int16, torch.float32: torch.int32}[a.dtype]
+    where = (a.view(view) != b.view(view)).reshape(-1).nonzero().flatten()[:count]
+    flat = [t.reshape(-1).float() for t in (x, a, b)]
+    return [[float(t[i]) for t in flat] for i in where.tolist()]
+
+
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, int]:
     """Bitwise equality (so -0.0 != 0.0) and the number of differing elements."""
     view = {torch.bfloat16: torch.int16, torch.float32: torch.int32,
@@ -109,6 +118,9 @@ def check(name: str, x: torch.Tensor, kind: str, block: object, fused: object | 
     row = {"case": name, "shape": list(x.shape), "block": block,
            "reference_vs_float64": all(same_bits(a, b)[0] for a, b in zip(ours, independent,
                                                                             strict=True))}
+    if not row["reference_vs_float64"]:  # [input, reference, float64] where they differ
+        row["reference_vs_float64_first"] = first_differences(x, ours[0], independent[0])
+        row["scales_differing"] = same_bits(ours[1], independent[1])[1]
     if fused is not None:
         started = time.perf_counter()
         theirs = (fused.fake_quant_fp8(x, block) if kind == "fp8"
@@ -119,6 +131,8 @@ def check(name: str, x: torch.Tensor, kind: str, block: object, fused: object | 
                                                       same_bits(ours[1], theirs[1]))
         row.update(triton_output_equal=out_equal, triton_output_differing=out_differ,
                    triton_scales_equal=scales_equal)
+        if not out_equal:  # [input, reference, triton] where they differ
+            row["triton_first"] = first_differences(x, ours[0], theirs[0])
         if kind == "fp8":
             codes, scales = fused.quantize_fp8(x, block)
             ref_codes, ref_scales = reference.quantize_fp8(x, block)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One device call: install the carried wheels and Graft's distributions, then run each STEP
-# ("name:seconds:command") with its own time limit, one after another; results go to
-# $OUT/results/<name>.json (the command's --out) and $OUT/log.txt, packed as $OUT/results.tgz.
-# A step that fails or runs out of time is recorded and the next one runs.
+# One device call: install the carried wheels and Graft's distributions (the core and the
+# plugins named in $PLUGINS, default all), then run each STEP ("name:seconds:command") with its
+# own time limit, one after another; results go to $R = $OUT/results (each command's --out) and
+# $OUT/log.txt, packed as $OUT/results.tgz. A step that fails or runs out of time is recorded
+# and the next one runs.
 #
-#   bash bench/gpu/run.sh "rl:300:python3 bench/rl_throughput.py --out \$R/rl.json" ...
+#   PLUGINS="offload" bash bench/gpu/run.sh "rl:300:python3 bench/rl_throughput.py --out \$R/rl.json" ...
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 R=$OUT/results
@@ -13,7 +14,10 @@ exec > >(tee -a "$OUT/log.txt") 2>&1
 started=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .whl/* || exit 1
 export PYTHONPATH=/tmp/site
-python3 -m pip install -q --no-deps --no-build-isolation -e core $(ls -d plugins/*/ 2>/dev/null | sed 's/^/-e /') || exit 1
+python3 -m pip install -q --no-deps --no-build-isolation -e core || exit 1
+for plugin in ${PLUGINS:-$(ls plugins)}; do
+  python3 -m pip install -q --no-deps --no-build-isolation -e "plugins/$plugin" || echo "plugin $plugin: install failed"
+done
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
 python3 -m graft plugins --json | python3 -c "import json,sys; print([(p['name'], p['status']) for p in json.load(sys.stdin)])"
 for step in "$@"; do

@@ -377,10 +377,11 @@ def graft_export_slots(
     on meta tensors whenever the exporter probes a layout (``enumerate_hf_slots``). ``name`` is
     the parameter's fully qualified name in the trained model, ``tensor`` its full value, or for
     an expert-parallel parameter one ``ep`` rank's block of experts starting at global expert
-    ``ctx.expert_offset``: the core streams blocks when the handler's output for a block is
-    not the block itself (per-expert HF names), and gathers the whole tensor when a handler
-    passes it through (a fused HF layout). ``ctx`` is a `graft.export.ExportContext` (model
-    type, expert offset, target dtype).
+    ``ctx.expert_offset``: a handler that returns the block itself (a fused HF layout, renamed
+    or not) has it streamed as row blocks of the HF tensor, which the sink assembles; one that
+    returns other tensors (per-expert names with global ids) has those streamed as they are.
+    ``ctx`` is a `graft.export.ExportContext` (model type, expert offset, target dtype, and
+    ``consumer``: ``hf`` or ``vllm``, whose layout to produce).
 
     ``firstresult``: return an iterable of ``(hf_name, tensor)`` pairs for a parameter your model
     family handles (fused experts split per expert with global ids, renamed keys), or None to

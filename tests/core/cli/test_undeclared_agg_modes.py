@@ -61,7 +61,7 @@ def test_graft_plugins_flags_the_plugin(run_graft, site: Path) -> None:
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     (warning,) = rows["maxagg"]["warnings"]
     assert "declares no mode" in warning and "graft_loss_agg_modes" in warning
-    table = run_graft(["plugins"], site=site, env={"COLUMNS": "200"})
+    table = run_graft(["plugins"], site=site, env={"COLUMNS": "1000"})
     assert "warning: implements graft_loss_aggregate but declares no mode" in table.stdout
 
 

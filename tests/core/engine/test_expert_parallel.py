@@ -73,11 +73,12 @@ def test_two_ranks_ep2_trains_like_ep1_and_exports_exactly(ep_train, run_graft,
 
 
 @pytest.mark.slow
-def test_four_ranks_every_ep_size_trains_alike(ep_train, tmp_path: Path) -> None:
+def test_four_ranks_with_experts_split_in_two_train_alike(ep_train, tmp_path: Path) -> None:
+    """ep=2 on 4 ranks: a 2-D expert mesh (experts split across ep, sharded across efsdp), the
+    layout no 2-rank test reaches; ep=ranks is covered on 2 ranks above."""
     steps = ("trainer.total_steps=2", "checkpoint.every_steps=0", "export.hf_at_end=false")
-    runs = {ep: ep_train(tmp_path / f"ep{ep}", *steps, nproc=4, ep=ep) for ep in (1, 2, 4)}
+    runs = {ep: ep_train(tmp_path / f"ep{ep}", *steps, nproc=4, ep=ep) for ep in (1, 2)}
     assert_same_training(runs[1], runs[2])
-    assert_same_training(runs[1], runs[4])
 
 
 @pytest.mark.slow
@@ -97,7 +98,8 @@ def test_checkpoint_saved_with_ep2_resumes_with_ep1(ep_train, tmp_path: Path) ->
 
 
 def test_ep_size_without_an_expert_parallel_family_is_a_config_error(run_graft) -> None:
-    result = run_graft(["train", "--nproc", "2", "engine.ep_size=2"])
+    # no plugins: the core's families (qwen3_moe here) do not split experts
+    result = run_graft(["train", "--nproc", "2", "engine.ep_size=2"], env={"GRAFT_PLUGINS": ""})
     assert result.returncode == 2
     assert ("engine.ep_size=2: the model family 'qwen3_moe' does not implement expert "
             "parallelism. Installed families that do: none." in result.stderr)

@@ -72,3 +72,12 @@ def test_rl_with_the_vllm_engine(graft_train, metrics_of, tmp_path: Path, requir
     rows = metrics_of(tmp_path)
     assert all(r["weight_sync_s"] > 0 and r["weight_sync_mb"] > 0 for r in rows)
     assert max(r["train_infer_logprob_diff"] for r in rows) < 1e-4
+
+
+def test_ranks_agree_on_the_micro_batch_count_when_the_planner_needs_more(graft_train,
+                                                                         tmp_path: Path) -> None:
+    """With a small token budget the planner can return more micro-batches than the count the
+    ranks agreed on; every rank must then run the same agreement rounds (this hung before)."""
+    graft_train(tmp_path, "trainer.total_steps=2", "algorithm.mini_batches=2",
+                "engine.max_tokens_per_micro_batch=64", "checkpoint.every_steps=0",
+                "export.hf_at_end=false", nproc=2)

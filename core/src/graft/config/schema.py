@@ -190,6 +190,10 @@ class RolloutConfig:
     # generates with a static KV cache (for models transformers compiles whole); transformers
     # compiles its decode step (CUDA graphs) on GPU and no rank waits for another.
     decode: str = choice("dynamic", ("dynamic", "static"))
+    # static decode on GPU: how its decode step is compiled. inductor: fused kernels (fastest;
+    # they round a little differently from the trainer's eager forward); cudagraphs: the eager
+    # kernels replayed from CUDA graphs (the trainer's numerics); none: eager.
+    decode_compile: str = choice("inductor", ("inductor", "cudagraphs", "none"))
     # vLLM only: fraction of GPU memory for weights and KV cache; context length.
     gpu_memory_utilization: float = 0.3
     max_model_len: int = 1024

@@ -50,17 +50,24 @@ def expert_parallel_needs_a_family(cfg: Any, manager: GraftPluginManager) -> Non
     from graft.models.registry import family_for, model_families, preset
 
     if cfg.model.path:
-        family = family_for(_local_model_type(cfg.model.path), manager)
+        model_type = _local_model_type(cfg.model.path)
+        if model_type is None:  # not on this machine (an example for a cluster): checked at load
+            return
+        family = family_for(model_type, manager)
     else:
         family = preset(cfg.model.preset, manager)[0]
     check_expert_parallel(family, ep, list(model_families(manager).values()))
 
 
-def _local_model_type(path: str) -> str:
+def _local_model_type(path: str) -> str | None:
+    """``model_type`` of a local model directory's config.json; None when there is no such
+    directory here (loading the model reports that, with the fix)."""
     import json
     from pathlib import Path
 
     config = Path(path).expanduser() / "config.json"
+    if not config.is_file():
+        return None
     try:
         return json.loads(config.read_text())["model_type"]
     except (OSError, ValueError, KeyError) as exc:

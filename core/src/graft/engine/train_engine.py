@@ -100,12 +100,15 @@ class TrainEngine:
                     packs_sequences=self.family.packs_sequences,
                     linear_weight=24 * int(getattr(self.model.config, "hidden_size", 64)))
         groups = plan_micro_batches(lengths, **plan)
-        while True:  # agree on a count every rank can reach
+        while True:  # agree on a count every rank can reach; every rank runs the same rounds
             count = int(all_reduce(torch.tensor([len(groups)], device=self.env.device),
                                    op=torch.distributed.ReduceOp.MAX).item())
-            if count == len(groups):
+            if len(groups) < count:  # the planner may need more than asked for
+                groups = plan_micro_batches(lengths, min_micro_batches=count, **plan)
+            agreed = all_reduce(torch.tensor([int(len(groups) == count)], device=self.env.device),
+                                op=torch.distributed.ReduceOp.MIN)
+            if int(agreed.item()):
                 break
-            groups = plan_micro_batches(lengths, min_micro_batches=count, **plan)
         bucket = engine.pad_to_length_bucket if engine.pad_to_length else None
         return [build_micro_batch(
             [samples[i] for i in group], packs_sequences=self.family.packs_sequences,

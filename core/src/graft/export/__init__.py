@@ -5,6 +5,6 @@ Submodules: `graft.export.stream` (`WeightExporter`, `hf_tensors`), `graft.expor
 nothing heavy.
 """
 
-from graft.export.context import ExportContext
+from graft.export.context import CONSUMERS, HF_LAYOUT, VLLM_LAYOUT, ExportContext
 
-__all__ = ["ExportContext"]
+__all__ = ["CONSUMERS", "HF_LAYOUT", "VLLM_LAYOUT", "ExportContext"]

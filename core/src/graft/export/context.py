@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# Who loads the exported tensors, and so which names and layouts they want (a sink's
+# ``consumer`` attribute; sinks without one are HF_LAYOUT):
+HF_LAYOUT = "hf"  # transformers' checkpoint layout: what ``from_pretrained`` loads (HF directory,
+#                   the in-memory state dict)
+VLLM_LAYOUT = "vllm"  # what vLLM's model loaders take (``load_weights`` / ``reload_weights``)
+CONSUMERS = (HF_LAYOUT, VLLM_LAYOUT)
+
 
 @dataclass(frozen=True)
 class ExportContext:
@@ -20,6 +27,9 @@ class ExportContext:
         expert_offset: global index of the first expert in the tensor a handler receives: 0 for
             whole tensors; for expert-parallel parameters streamed one ``ep`` block at a time
             (`graft.export.expert_blocks`), the id of the block's first expert.
+        consumer: who loads the export (one of `CONSUMERS`): ``hf`` for transformers' checkpoint
+            layout, ``vllm`` for vLLM's loaders; a handler whose model is stored differently for
+            the two (fused experts on disk, per-expert tensors streamed into vLLM) picks by it.
     """
 
     model: Any
@@ -27,3 +37,4 @@ class ExportContext:
     skeleton: Any = None
     dtype: Any = None
     expert_offset: int = 0
+    consumer: str = HF_LAYOUT

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from graft.export.bucket import Bucket, aligned, copy_tensors
-from graft.export.context import ExportContext
+from graft.export.context import HF_LAYOUT, ExportContext
 from graft.export.gather import gather_rows_into, gathers_rows_directly, is_sharded, local_tensor
 from graft.export.handlers import exported_entries, meta_skeleton, passes_through
 
@@ -39,15 +39,17 @@ class CopyPlan:
 
 
 def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: int,
-                dtype: torch.dtype | None) -> CopyPlan | None:
-    """The bucket layout of a full export of ``model`` (floating-point tensors in ``dtype`` when
-    given), or None when an export needs more than copies (a handler that converts, a parameter
-    sharded otherwise than in equal row blocks, or one larger than a bucket).
+                dtype: torch.dtype | None, consumer: str = HF_LAYOUT) -> CopyPlan | None:
+    """The bucket layout of a full export of ``model`` for ``consumer`` (floating-point tensors
+    in ``dtype`` when given), or None when an export needs more than copies (a handler that
+    converts, a parameter sharded otherwise than in equal row blocks, or one larger than a
+    bucket).
 
     Depends only on the model and the arguments, so every rank decides the same and issues the
     same all-gathers in the same order; ``bucket`` is None on ranks that only help gather.
     """
-    ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype)
+    ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype,
+                        consumer=consumer)
     buckets: list[list[PlannedTensor]] = [[]]
     used = 0
     for name, value in exported_entries(model):

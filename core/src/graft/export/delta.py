@@ -2,14 +2,16 @@
 
 The snapshot of the last export lives in host memory (pinned on GPU) on the exporting rank.
 With fp32 master weights and small RL learning rates, many bf16 values do not change from one
-step to the next, so many rows (experts, vocabulary rows) need not be sent.
+step to the next, so many rows (experts, vocabulary rows) need not be sent. Expert-parallel fused
+tensors arrive as row blocks (`RowBlock`) and are compared block by block, never whole.
 """
 
 from __future__ import annotations
 
 import torch
 
-from graft.export.sinks.base import DeltaEntry
+from graft.export.fused_experts import split_fused
+from graft.export.sinks.base import DeltaEntry, RowBlock
 
 
 class DeltaTracker:
@@ -17,9 +19,23 @@ class DeltaTracker:
 
     def __init__(self) -> None:
         self.snapshot: dict[str, torch.Tensor] = {}
+        # Tensors whose row blocks are still arriving for the first time: name -> rows filled.
+        self._filling: dict[str, int] = {}
+
+    def begin(self) -> None:
+        """An export starts: forget tensors a failed export left half recorded (they are sent
+        whole again)."""
+        for name in self._filling:
+            self.snapshot.pop(name, None)
+        self._filling = {}
 
     def diff(self, name: str, tensor: torch.Tensor) -> DeltaEntry | None:
-        """The update for ``name`` (None when nothing changed); records the new value."""
+        """The update for ``name`` (None when nothing changed); records the new value.
+
+        A per-expert name (``...experts.<id>.<param>``) whose fused tensor is in the snapshot
+        (the previous export was in the fused layout) is compared with that expert's rows.
+        """
+        split_fused(self.snapshot, name)
         previous = self.snapshot.get(name)
         if previous is None or previous.shape != tensor.shape or previous.dtype != tensor.dtype:
             self._remember(name, tensor)
@@ -35,6 +51,35 @@ class DeltaTracker:
         values = tensor[changed]
         previous[changed.cpu()] = values.cpu()
         return DeltaEntry(name, values, changed)
+
+    def diff_rows(self, block: RowBlock) -> DeltaEntry | RowBlock | None:
+        """The update for one row block: the block itself while the consumer does not have its
+        tensor yet (a full export sends every block of it), the changed rows (global row ids)
+        as a `DeltaEntry`, or None when none changed; records the new rows."""
+        previous = self.snapshot.get(block.name)
+        values = block.values
+        end = block.row_offset + values.shape[0]
+        if (previous is None or tuple(previous.shape) != tuple(block.full_shape)
+                or previous.dtype != values.dtype):
+            previous = torch.empty(block.full_shape, dtype=values.dtype, device="cpu",
+                                   pin_memory=values.is_cuda)
+            self.snapshot[block.name] = previous
+            self._filling[block.name] = 0
+        if block.name in self._filling:
+            previous[block.row_offset:end].copy_(values)
+            self._filling[block.name] += values.shape[0]
+            if self._filling[block.name] >= previous.shape[0]:
+                del self._filling[block.name]
+            return block
+        span = previous[block.row_offset:end]
+        rows = values.reshape(values.shape[0], -1)
+        old = span.to(values.device, non_blocking=True).reshape(rows.shape)
+        changed = (rows != old).any(dim=1).nonzero().flatten()
+        if changed.numel() == 0:
+            return None
+        changed_values = values[changed]
+        span[changed.cpu()] = changed_values.cpu()
+        return DeltaEntry(block.name, changed_values, changed + block.row_offset)
 
     def _remember(self, name: str, tensor: torch.Tensor) -> None:
         copy = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",

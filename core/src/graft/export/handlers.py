@@ -3,7 +3,9 @@
 The default handler asks transformers itself: its conversion mapping (the one ``save_pretrained``
 reverses) splits fused experts (Qwen3-MoE, DeepSeek-V3) and restores original names (DeepSeek-V4)
 one parameter at a time, so no per-model slot table is written by hand. Plugins handle other
-layouts (expert-parallel blocks, packed formats) through ``graft_export_slots``.
+layouts (expert-parallel blocks, packed formats, a consumer's own layout: ``ctx.consumer``)
+through ``graft_export_slots``. What a handler makes of a parameter is found once on a meta
+tensor (`Probe`); the exporter plans around it (copies only, per-expert blocks, row blocks).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import re
 import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -65,39 +68,54 @@ def _handler_plugins() -> tuple[str, ...]:
     return tuple(impl.plugin_name for impl in hook.get_hookimpls())
 
 
-_PROBES: dict[tuple[Any, ...], tuple[list[tuple[str, tuple[int, ...]]], bool]] = {}
+@dataclass(frozen=True)
+class Probe:
+    """What a handler makes of a parameter, found on a meta tensor: its ``(hf_name, shape)``
+    entries, and ``same_tensor``: the HF name when it returns the parameter itself as its only
+    entry (renamed or not; None otherwise)."""
+
+    entries: list[tuple[str, tuple[int, ...]]]
+    same_tensor: str | None
+
+
+_PROBES: dict[tuple[Any, ...], Probe] = {}
 
 
 def _probe(name: str, shape: tuple[int, ...], dtype: torch.dtype, ctx: ExportContext,
-           handler: Handler) -> tuple[list[tuple[str, tuple[int, ...]]], bool]:
-    """What ``handler`` makes of a parameter: its ``(hf_name, shape)`` entries, and whether it
-    returns the parameter unchanged (same name, the very same tensor).
-
-    Runs the handler on a meta tensor of the parameter's shape (no memory, no data), cached per
-    (plugins, handler, model type, name, shape, dtype, expert offset).
-    """
+           handler: Handler) -> Probe:
+    """Run ``handler`` on a meta tensor of the parameter's shape (no memory, no data), cached
+    per (plugins, handler, model type, name, shape, dtype, expert offset, consumer)."""
     key = (_handler_plugins(), handler, ctx.model_type, name, tuple(shape), dtype,
-           ctx.expert_offset)
+           ctx.expert_offset, ctx.consumer)
     if key not in _PROBES:
         dummy = torch.empty(tuple(shape), dtype=dtype, device="meta")
         out = list(handler(name, dummy, ctx))
-        unchanged = len(out) == 1 and out[0][0] == name and out[0][1] is dummy
-        _PROBES[key] = ([(hf_name, tuple(t.shape)) for hf_name, t in out], unchanged)
+        same = out[0][0] if len(out) == 1 and out[0][1] is dummy else None
+        _PROBES[key] = Probe([(hf_name, tuple(t.shape)) for hf_name, t in out], same)
     return _PROBES[key]
 
 
 def enumerate_hf_slots(name: str, shape: tuple[int, ...], dtype: torch.dtype, ctx: ExportContext,
                        handler: Handler = export_slots) -> list[tuple[str, tuple[int, ...]]]:
     """``(hf_name, shape)`` of every entry ``handler`` makes from a parameter, in its order
-    (found on a meta tensor, cached)."""
-    return list(_probe(name, shape, dtype, ctx, handler)[0])
+    (found on a meta tensor, cached). ``ctx.consumer`` says for whom (HF checkpoint or vLLM)."""
+    return list(_probe(name, shape, dtype, ctx, handler).entries)
 
 
 def passes_through(name: str, shape: tuple[int, ...], dtype: torch.dtype,
                    ctx: ExportContext) -> bool:
-    """True when the handlers return a parameter unchanged (found on a meta tensor, cached);
-    such parameters skip the handler call on real data, off the export's hot path."""
-    return _probe(name, shape, dtype, ctx, export_slots)[1]
+    """True when the handlers return a parameter unchanged (same name, the tensor itself; found
+    on a meta tensor, cached); such parameters skip the handler call on real data, off the
+    export's hot path."""
+    return _probe(name, shape, dtype, ctx, export_slots).same_tensor == name
+
+
+def block_hf_name(name: str, shape: tuple[int, ...], dtype: torch.dtype,
+                  ctx: ExportContext) -> str | None:
+    """For a block of an expert-parallel parameter (``ctx.expert_offset`` set): the HF name
+    when the handlers return the block itself (a fused HF layout, renamed or not), whose rows
+    it then is; None when they map it to tensors of its own (per-expert names)."""
+    return _probe(name, shape, dtype, ctx, export_slots).same_tensor
 
 
 def exported_entries(model: torch.nn.Module) -> list[tuple[str, Any]]:

@@ -1,11 +1,12 @@
 """Streamed weight export: one parameter at a time, through a reused bucket, into a sink.
 
 Every rank walks the same parameters in the same order and takes part in gathering each one from
-its FSDP2 shards; the exporting rank (rank 0) converts it to HF layout (``graft_export_slots``),
-packs the result into a bucket of ``export.bucket_mb`` and hands full buckets to the sink. The
-full state dict is never built: extra memory stays within one bucket plus the largest parameter
-(for expert-parallel experts with per-expert HF tensors: one block of experts,
-`graft.export.expert_blocks`).
+its FSDP2 shards; the exporting rank (rank 0) converts it to the layout its sink's consumer loads
+(``graft_export_slots``; ``sink.consumer``: a HF checkpoint or vLLM), packs the result into a
+bucket of ``export.bucket_mb`` and hands full buckets to the sink. The full state dict is never
+built: extra memory stays within one bucket plus the largest parameter, and for expert-parallel
+experts within one bucket plus one block of experts (`graft.export.expert_blocks`): per-expert HF
+tensors, or row blocks of a fused HF tensor (`RowBlock`) that the sink assembles.
 """
 
 from __future__ import annotations
@@ -18,13 +19,22 @@ from dataclasses import dataclass
 import torch
 
 from graft.export.bucket import Bucket
-from graft.export.context import ExportContext
+from graft.export.context import CONSUMERS, HF_LAYOUT, ExportContext
 from graft.export.copy_plan import CopyPlan, fill_bucket, plan_copies
 from graft.export.delta import DeltaTracker
 from graft.export.expert_blocks import ReceiveBuffers, stream_expert_blocks
-from graft.export.gather import expert_blocks, expert_mesh_dim, gather_full
-from graft.export.handlers import export_slots, exported_entries, meta_skeleton, passes_through
-from graft.export.sinks.base import DeltaEntry, DeltaSink, WeightSink
+from graft.export.gather import expert_mesh_dim, gather_full
+from graft.export.handlers import (
+    block_hf_name,
+    export_slots,
+    exported_entries,
+    meta_skeleton,
+    passes_through,
+)
+from graft.export.sinks.base import DeltaEntry, DeltaSink, RowAssembler, RowBlock, WeightSink
+
+# What `_entries` yields: a whole tensor ``(hf_name, tensor, is_view)`` or a row block.
+Entry = tuple[str, torch.Tensor, bool] | RowBlock
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -61,17 +71,14 @@ class ExportStats:
         return self.bytes_total / max(self.seconds, 1e-9) / 1e9
 
 
-def _entries(model: torch.nn.Module, dtype: torch.dtype | None,
-             is_main: bool) -> Iterator[tuple[str, torch.Tensor, bool]]:
-    ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype)
+def _entries(model: torch.nn.Module, dtype: torch.dtype | None, is_main: bool,
+             consumer: str = HF_LAYOUT) -> Iterator[Entry]:
+    ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype,
+                        consumer=consumer)
     buffers = ReceiveBuffers()
     for name, value in exported_entries(model):
-        if streams_expert_blocks(name, value, dtype, ctx):
-            for block, offset in stream_expert_blocks(value, dtype=_cast(value, dtype),
-                                                      buffers=buffers, is_main=is_main):
-                block_ctx = dataclasses.replace(ctx, expert_offset=offset)
-                for hf_name, tensor in export_slots(name, block, block_ctx):
-                    yield hf_name, tensor, False
+        if expert_mesh_dim(value) is not None:
+            yield from _expert_block_entries(name, value, ctx, buffers, is_main)
             continue
         full, is_view = gather_full(value, dtype=dtype)
         if not is_main:
@@ -83,40 +90,82 @@ def _entries(model: torch.nn.Module, dtype: torch.dtype | None,
                 yield hf_name, tensor, is_view
 
 
+def _expert_block_entries(name: str, value: torch.Tensor, ctx: ExportContext,
+                          buffers: ReceiveBuffers, is_main: bool) -> Iterator[Entry]:
+    """An expert-parallel parameter, one ``ep`` block at a time: the handlers' tensors for the
+    block (per-expert names, global ids), or the block as rows of the HF tensor when they pass
+    it through (a fused layout). Every rank runs it; only the exporting rank yields."""
+    for block, offset in stream_expert_blocks(value, dtype=_cast(value, ctx.dtype),
+                                              buffers=buffers, is_main=is_main):
+        block_ctx = dataclasses.replace(ctx, expert_offset=offset)
+        hf_name = block_hf_name(name, tuple(block.shape), block.dtype, block_ctx)
+        if hf_name is not None:
+            yield RowBlock(hf_name, block, offset, (value.shape[0], *block.shape[1:]))
+        else:
+            for slot_name, tensor in export_slots(name, block, block_ctx):
+                yield slot_name, tensor, False
+
+
 def _cast(value: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype | None:
     """The dtype a tensor is exported in: ``dtype`` for floating-point tensors, else its own."""
     return dtype if dtype is not None and value.is_floating_point() else None
 
 
-def streams_expert_blocks(name: str, value: torch.Tensor, dtype: torch.dtype | None,
-                          ctx: ExportContext) -> bool:
-    """True for an expert-parallel parameter whose handler maps a block of experts to HF
-    tensors of its own (per-expert names): it is streamed block by block. A handler that would
-    pass a block through unchanged (a fused HF layout) gets the whole tensor instead."""
-    if expert_mesh_dim(value) is None:
-        return False
-    offset, size = expert_blocks(value)[0]
-    shape = (size, *value.shape[1:])
-    return not passes_through(name, shape, _cast(value, dtype) or value.dtype, ctx)
+def _whole(entries: Iterator[Entry],
+           assembler: RowAssembler) -> Iterator[tuple[str, torch.Tensor, bool]]:
+    """``entries`` with row blocks assembled into whole tensors by ``assembler``, for
+    consumers that take only whole tensors."""
+    for entry in entries:
+        if not isinstance(entry, RowBlock):
+            yield entry
+            continue
+        whole = assembler.add(entry)
+        if whole is not None:
+            yield entry.name, whole, False
 
 
-def hf_tensors(model: torch.nn.Module, *, dtype: torch.dtype | None,
-               is_main: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every exported tensor as ``(hf_name, tensor)``, gathered one parameter at a time.
+def hf_tensors(model: torch.nn.Module, *, dtype: torch.dtype | None, is_main: bool = True,
+               consumer: str = HF_LAYOUT) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every exported tensor as ``(hf_name, tensor)``, gathered one parameter at a time, in the
+    layout ``consumer`` loads.
 
     The Python iterator for library users. Under several ranks every rank must exhaust it (it
     gathers collectively); only ``is_main`` ranks get tensors. Tensors may be views of the
-    model's parameters: copy what you keep across training steps.
+    model's parameters: copy what you keep across training steps. Expert-parallel fused tensors
+    are assembled whole here (one whole tensor of memory).
     """
-    for hf_name, tensor, _ in _entries(model, dtype, is_main):
+    for hf_name, tensor, _ in _whole(_entries(model, dtype, is_main, consumer),
+                                     RowAssembler(device=None)):
         yield hf_name, tensor
+
+
+def _agree_on_consumer(consumer: str, device: torch.device) -> str:
+    """Rank 0's ``consumer`` on every rank (one small broadcast from ``device``, the model's;
+    none on a single rank)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return consumer
+    index = torch.tensor([CONSUMERS.index(consumer)], device=device)
+    dist.broadcast(index, src=0)
+    return CONSUMERS[int(index.item())]
+
+
+def sink_consumer(sink: WeightSink | None) -> str:
+    """Who loads what ``sink`` receives (its ``consumer`` attribute; ``hf`` without one)."""
+    consumer = getattr(sink, "consumer", HF_LAYOUT)
+    if consumer not in CONSUMERS:
+        raise ValueError(f"{type(sink).__name__}.consumer={consumer!r}: export knows the "
+                         f"consumers {', '.join(CONSUMERS)}")
+    return consumer
 
 
 class WeightExporter:
     """Exports a model to sinks again and again, keeping the delta snapshot between exports.
 
-    A full export whose handlers pass every parameter through follows a bucket layout computed
-    once (`graft.export.copy_plan`); any other export streams parameter by parameter.
+    A full export whose handlers pass every parameter through for the sink's consumer follows a
+    bucket layout computed once per consumer (`graft.export.copy_plan`); any other export
+    streams parameter by parameter, in the layout of the sink's consumer (``sink.consumer``).
     """
 
     def __init__(self, model: torch.nn.Module, *, bucket_bytes: int, dtype: torch.dtype | None,
@@ -127,22 +176,43 @@ class WeightExporter:
         self.tracker = DeltaTracker() if delta else None
         device = bucket_device or next(model.parameters()).device
         self.bucket = Bucket(bucket_bytes, device, pin=True) if is_main else None
-        self.copy_plan: CopyPlan | None = None
-        if not delta:
-            self.copy_plan = plan_copies(model, bucket=self.bucket, bucket_bytes=bucket_bytes,
-                                         dtype=dtype)
+        self.bucket_bytes = bucket_bytes
+        self._plans: dict[str, CopyPlan | None] = {}
+        # The plan of a full export to a Hugging Face checkpoint (None: streamed).
+        self.copy_plan: CopyPlan | None = None if delta else self._plan(HF_LAYOUT)
+
+    def _plan(self, consumer: str) -> CopyPlan | None:
+        if consumer not in self._plans:
+            self._plans[consumer] = plan_copies(self.model, bucket=self.bucket,
+                                                bucket_bytes=self.bucket_bytes, dtype=self.dtype,
+                                                consumer=consumer)
+        return self._plans[consumer]
+
+    def _plan_for(self, consumer: str) -> tuple[CopyPlan | None, str]:
+        """The copy plan of a full export to ``consumer`` (the exporting rank's sink's) and that
+        consumer, the same on every rank: plans are computed alike everywhere, and only when
+        they disagree on planned or streamed does rank 0 tell the others its consumer."""
+        plans = {name: self._plan(name) for name in CONSUMERS}
+        if len({plan is None for plan in plans.values()}) > 1:
+            consumer = _agree_on_consumer(consumer, next(self.model.parameters()).device)
+        return plans[consumer], consumer
 
     def export(self, sink: WeightSink | None) -> ExportStats:
         """One full or delta export into ``sink`` (None on ranks that only help gather)."""
         stats = ExportStats(delta=self.tracker is not None and bool(self.tracker.snapshot))
         started = time.perf_counter()
+        plan, consumer = None, sink_consumer(sink)
+        if self.tracker is None:
+            plan, consumer = self._plan_for(consumer)
+        else:
+            self.tracker.begin()
         if sink is not None:
             sink.begin()
         try:
-            if self.copy_plan is not None:
-                self._send_planned(self.copy_plan, sink, stats)
+            if plan is not None:
+                self._send_planned(plan, sink, stats)
             else:
-                self._send_streamed(sink, stats)
+                self._send_streamed(sink, consumer, stats)
             if sink is not None:
                 sink.finish()
         except BaseException as error:
@@ -162,9 +232,17 @@ class WeightExporter:
                 self._deliver(sink, [(item.name, item.view) for item in planned], stats)
         stats.bytes_total = stats.bytes_sent
 
-    def _send_streamed(self, sink: WeightSink | None, stats: ExportStats) -> None:
-        for hf_name, tensor, is_view in _entries(self.model, self.dtype, self.is_main):
+    def _send_streamed(self, sink: WeightSink | None, consumer: str, stats: ExportStats) -> None:
+        entries = _entries(self.model, self.dtype, self.is_main, consumer)
+        if sink is not None and not hasattr(sink, "consume_rows"):
+            entries = _whole(entries, RowAssembler(device=None))
+        for entry in entries:
             stats.tensors += 1
+            if isinstance(entry, RowBlock):
+                stats.bytes_total += entry.nbytes
+                self._route_rows(sink, entry, stats)
+                continue
+            hf_name, tensor, is_view = entry
             stats.bytes_total += tensor.numel() * tensor.element_size()
             self._route(sink, hf_name, tensor, is_view, stats)
         self._flush(sink, stats)
@@ -184,6 +262,22 @@ class WeightExporter:
             if not self.bucket.add(name, tensor, defer=is_view):  # larger than a bucket
                 self._deliver(sink, [(name, tensor)], stats)
 
+    def _route_rows(self, sink: WeightSink | None, block: RowBlock, stats: ExportStats) -> None:
+        if self.tracker is not None:
+            update = self.tracker.diff_rows(block)
+            if update is None:
+                return
+            if isinstance(update, DeltaEntry):
+                self._send_delta(sink, update, stats)
+                return
+            # the first export of this tensor: every block travels like a full export's
+        rows = (block.row_offset, block.full_shape)
+        # a block may be a reused receive buffer: copied now, never deferred
+        if not self.bucket.add(block.name, block.values, rows=rows):
+            self._flush(sink, stats)
+            if not self.bucket.add(block.name, block.values, rows=rows):  # larger than a bucket
+                self._deliver(sink, [], stats, blocks=[block])
+
     def _send_delta(self, sink: WeightSink | None, entry: DeltaEntry, stats: ExportStats) -> None:
         if not isinstance(sink, DeltaSink):
             raise TypeError(f"export.delta needs a sink that applies row updates; "
@@ -195,14 +289,18 @@ class WeightExporter:
     def _flush(self, sink: WeightSink | None, stats: ExportStats) -> None:
         if self.bucket is None or not len(self.bucket):
             return
-        self._deliver(sink, self.bucket.views(), stats)
+        self._deliver(sink, self.bucket.views(), stats, blocks=self.bucket.row_blocks())
         self.bucket.clear()
 
     def _deliver(self, sink: WeightSink | None, tensors: list[tuple[str, torch.Tensor]],
-                 stats: ExportStats) -> None:
+                 stats: ExportStats, *, blocks: list[RowBlock] | tuple[()] = ()) -> None:
         if self.bucket is not None:
             self.bucket.wait()
         if sink is not None:
-            sink.consume(tensors)
+            if tensors:
+                sink.consume(tensors)
+            if blocks:
+                sink.consume_rows(blocks)
         stats.bytes_sent += sum(t.numel() * t.element_size() for _, t in tensors)
+        stats.bytes_sent += sum(block.nbytes for block in blocks)
         stats.buckets += 1

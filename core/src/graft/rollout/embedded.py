@@ -31,7 +31,7 @@ class EmbeddedRollout:
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_id: int,
                  device: torch.device, reshard_blocks: bool = True,
                  static_copy_dtype: torch.dtype | None = None,
-                 left_padding_exact: bool = True) -> None:
+                 compile_backend: str = "inductor", left_padding_exact: bool = True) -> None:
         self.model = model
         self.left_padding_exact = left_padding_exact
         self.reshard_blocks = reshard_blocks
@@ -42,7 +42,8 @@ class EmbeddedRollout:
         if static_copy_dtype is not None:
             from graft.rollout.inference_copy import InferenceCopy
 
-            self.copy = InferenceCopy(model, dtype=static_copy_dtype, device=device)
+            self.copy = InferenceCopy(model, dtype=static_copy_dtype, device=device,
+                                      compile_backend=compile_backend)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:

@@ -9,6 +9,7 @@ collectives and transformers can compile its decode step. `refresh` copies the t
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 
@@ -20,8 +21,8 @@ from graft.models.registry import family_for
 class InferenceCopy:
     """The trained model's architecture with its own weights in ``dtype`` on ``device``."""
 
-    def __init__(self, trained: torch.nn.Module, *, dtype: torch.dtype,
-                 device: torch.device) -> None:
+    def __init__(self, trained: torch.nn.Module, *, dtype: torch.dtype, device: torch.device,
+                 compile_backend: str = "inductor") -> None:
         from transformers import AutoModelForCausalLM
 
         config = copy.deepcopy(trained.config)
@@ -39,19 +40,27 @@ class InferenceCopy:
         if getattr(trained, "generation_config", None) is not None:
             model.generation_config = copy.deepcopy(trained.generation_config)
         self.model = model.eval().requires_grad_(False)
+        self.compile_backend = compile_backend
         self.trained = trained
         self.dtype = dtype
         self._targets = dict(self.model.state_dict(keep_vars=True))
         self._buffers = {name for name, _ in self.model.named_buffers()}
         self.refresh()
 
-    def cache_options(self) -> dict[str, str]:
+    def cache_options(self) -> dict[str, Any]:
         """``generate`` options: a static KV cache (compiled decode on GPU) for models
         transformers can compile whole; the default growing cache for the others (DeepSeek-V4's
         compressed attention has no static cache)."""
-        if getattr(self.model, "_can_compile_fullgraph", False):
-            return {"cache_implementation": "static"}
-        return {}
+        if not getattr(self.model, "_can_compile_fullgraph", False):
+            return {}
+        if self.compile_backend == "none":
+            return {"cache_implementation": "static", "disable_compile": True}
+        if self.compile_backend == "cudagraphs":
+            from transformers import CompileConfig
+
+            config = CompileConfig(backend="cudagraphs", mode="default")
+            return {"cache_implementation": "static", "compile_config": config}
+        return {"cache_implementation": "static"}
 
     @torch.no_grad()
     def refresh(self) -> None:

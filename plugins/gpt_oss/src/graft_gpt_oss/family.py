@@ -1,4 +1,5 @@
-"""The ``gpt_oss`` `graft.models.ModelFamily`: preset, packed per-layer-type masks, router."""
+"""The ``gpt_oss`` `graft.models.ModelFamily`: preset, packed per-layer-type masks, routers and
+their weights (routing replay), expert-parallel ``parallelize``."""
 
 from __future__ import annotations
 
@@ -33,14 +34,19 @@ def packed_masks(config: PretrainedConfig, position_ids: torch.Tensor,
 
 def routing_weights(router: torch.nn.Module, logits: torch.Tensor,
                     ids: torch.Tensor) -> torch.Tensor:
-    """GPT-OSS: a softmax over the chosen experts' logits (the router's bias included)."""
+    """GPT-OSS: a softmax over the chosen experts' logits (the router's bias included): the
+    routing-replay adapter (graft-router-replay imposes ``ids`` and recomputes the weights with
+    it, so gradients still reach the router's weight and bias)."""
     import torch
 
     return torch.softmax(logits.gather(1, ids), dim=1, dtype=logits.dtype)
 
 
 def gpt_oss_family() -> ModelFamily:
-    """The family Graft uses for ``model_type == "gpt_oss"``."""
+    """The family Graft uses for ``model_type == "gpt_oss"`` (``engine.ep_size > 1`` allowed)."""
+    from graft_gpt_oss.parallel import parallelize_gpt_oss
+
     return ModelFamily("gpt_oss", presets={"tiny-gpt-oss": tiny_gpt_oss},
                        packed_attention_mask=packed_masks, router_modules=routers_at("router"),
-                       routing_weights=routing_weights)
+                       routing_weights=routing_weights, parallelize=parallelize_gpt_oss,
+                       expert_parallel=True)

@@ -7,6 +7,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from graft.errors import GraftError
+
 
 @dataclass
 class DeltaEntry:
@@ -23,10 +25,73 @@ class DeltaEntry:
         return self.values.numel() * self.values.element_size() + extra
 
 
+@dataclass(frozen=True)
+class RowBlock:
+    """Rows ``[row_offset, row_offset + len(values))`` (dim 0) of the HF tensor ``name``, whose
+    whole shape is ``full_shape``: one ``ep`` rank's block of a fused experts tensor, streamed
+    without ever building the whole tensor on the device. A full export delivers every block of
+    a tensor exactly once; the sink assembles them."""
+
+    name: str
+    values: torch.Tensor
+    row_offset: int
+    full_shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this block carries."""
+        return self.values.numel() * self.values.element_size()
+
+
+class RowAssembler:
+    """Whole tensors from their `RowBlock`s, in host memory (``device``; None: on the device
+    each tensor's blocks arrive on)."""
+
+    def __init__(self, device: torch.device | str | None = "cpu") -> None:
+        self.device = None if device is None else torch.device(device)
+        self._partial: dict[str, tuple[torch.Tensor, int]] = {}  # name -> (tensor, rows filled)
+
+    def add(self, block: RowBlock) -> torch.Tensor | None:
+        """Copy ``block`` in (it may be a reused buffer); the whole tensor once its last rows
+        arrived, else None."""
+        tensor, filled = self._partial.get(block.name, (None, 0))
+        if tensor is None or tuple(tensor.shape) != tuple(block.full_shape):
+            tensor = torch.empty(block.full_shape, dtype=block.values.dtype,
+                                 device=self.device or block.values.device)
+            filled = 0
+        rows = block.values.shape[0]
+        if block.row_offset < 0 or block.row_offset + rows > tensor.shape[0]:
+            raise GraftError(f"export: rows {block.row_offset}..{block.row_offset + rows} of "
+                             f"{block.name} fall outside its shape {tuple(block.full_shape)}")
+        tensor[block.row_offset:block.row_offset + rows].copy_(block.values)
+        filled += rows
+        if filled == tensor.shape[0]:
+            self._partial.pop(block.name, None)
+            return tensor
+        self._partial[block.name] = (tensor, filled)
+        return None
+
+    def check_complete(self) -> None:
+        """A `GraftError` naming the tensors some of whose rows never arrived."""
+        if self._partial:
+            names = ", ".join(sorted(self._partial))
+            raise GraftError(f"export: rows of {names} never arrived; the export is incomplete")
+
+    def clear(self) -> None:
+        """Forget partially assembled tensors."""
+        self._partial = {}
+
+
 @runtime_checkable
 class WeightSink(Protocol):
     """Receives one export. Tensors passed to `consume` are views of a reused buffer: copy what
-    you keep before returning. After `abort` the consumer must still hold its previous weights."""
+    you keep before returning. After `abort` the consumer must still hold its previous weights.
+
+    A sink may declare a ``consumer`` attribute (`graft.export.context.CONSUMERS`: ``hf``, the
+    default, or ``vllm``): handlers produce the names and layouts that consumer loads. A sink
+    with ``consume_rows`` takes the blocks of expert-parallel fused tensors as they stream; one
+    without it gets them as whole tensors (the exporter assembles them first, on the device).
+    """
 
     def begin(self) -> None:
         """An export starts."""
@@ -49,21 +114,38 @@ class DeltaSink(WeightSink, Protocol):
         """Changed tensors (or rows of them) since the previous export."""
 
 
+@runtime_checkable
+class RowSink(WeightSink, Protocol):
+    """A sink that assembles tensors from their row blocks itself."""
+
+    def consume_rows(self, blocks: list[RowBlock]) -> None:
+        """Row blocks of tensors (views of a reused buffer: copy them)."""
+
+
 class StagingSink:
     """Copies each bucket out of the exporter's reused buffer into ``_staged`` (CPU) and applies
     nothing until `finish`, so an aborted export leaves the consumer as it was."""
 
     def __init__(self) -> None:
         self._staged: dict[str, torch.Tensor] = {}
+        self._rows = RowAssembler()
 
     def begin(self) -> None:
         """Start staging."""
         self._staged = {}
+        self._rows.clear()
 
     def consume(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Stage copies of full tensors."""
         for name, tensor in tensors:
             self._staged[name] = tensor.detach().to("cpu", copy=True)
+
+    def consume_rows(self, blocks: list[RowBlock]) -> None:
+        """Assemble row blocks into staged host tensors."""
+        for block in blocks:
+            whole = self._rows.add(block)
+            if whole is not None:
+                self._staged[block.name] = whole
 
     def abort(self, error: BaseException) -> None:
         """Drop what was staged."""

@@ -3,7 +3,8 @@
 Sharded ``*.safetensors`` files with ``model.safetensors.index.json``, ``config.json``,
 ``generation_config.json`` and the tokenizer when there is one. Everything is written into a
 temporary folder that replaces the target at `finish`, so a failed export leaves the previous
-directory untouched.
+directory untouched. Tensors are in transformers' checkpoint layout (consumer ``hf``); the row
+blocks of an expert-parallel fused tensor are assembled in host memory as they arrive.
 """
 
 from __future__ import annotations
@@ -20,12 +21,16 @@ import torch
 from safetensors.torch import save_file
 
 from graft.checkpoint.layout import TMP_PREFIX, replace_dir
+from graft.export.context import HF_LAYOUT
+from graft.export.sinks.base import RowAssembler, RowBlock
 
 INDEX = "model.safetensors.index.json"
 
 
 class HFDirectorySink:
     """Writes an export to ``out_dir`` (replaced atomically)."""
+
+    consumer = HF_LAYOUT
 
     def __init__(self, out_dir: str | Path, *, config: Any, architecture: str | None = None,
                  dtype: torch.dtype | None = None, generation_config: Any = None,
@@ -44,6 +49,7 @@ class HFDirectorySink:
         # name -> shape of every tensor of the last finished export (what a consumer loads).
         self.shapes: dict[str, tuple[int, ...]] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
+        self._rows = RowAssembler()
 
     def begin(self) -> None:
         """Create the temporary folder next to the target."""
@@ -51,19 +57,31 @@ class HFDirectorySink:
         self._tmp = self.out_dir.with_name(f"{TMP_PREFIX}{self.out_dir.name}-{uuid.uuid4().hex[:8]}")
         self._tmp.mkdir()
         self._shard, self._shard_bytes, self._files, self._shapes = {}, 0, [], {}
+        self._rows.clear()
 
     def consume(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Copy tensors to CPU; write a shard whenever it reaches ``max_shard_bytes``."""
         for name, tensor in tensors:
-            nbytes = tensor.numel() * tensor.element_size()
-            if self._shard and self._shard_bytes + nbytes > self.max_shard_bytes:
-                self._write_shard()
-            self._shard[name] = tensor.detach().to("cpu", copy=True).contiguous()
-            self._shard_bytes += nbytes
-            self._shapes[name] = tuple(tensor.shape)
+            self._add(name, tensor.detach().to("cpu", copy=True).contiguous())
+
+    def consume_rows(self, blocks: list[RowBlock]) -> None:
+        """Assemble row blocks in host memory; a tensor joins the shard once whole."""
+        for block in blocks:
+            whole = self._rows.add(block)
+            if whole is not None:
+                self._add(block.name, whole)
+
+    def _add(self, name: str, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        if self._shard and self._shard_bytes + nbytes > self.max_shard_bytes:
+            self._write_shard()
+        self._shard[name] = tensor
+        self._shard_bytes += nbytes
+        self._shapes[name] = tuple(tensor.shape)
 
     def finish(self) -> None:
         """Name the shards, write index, config, generation config, tokenizer; swap in."""
+        self._rows.check_complete()
         self._write_shard()
         count = len(self._files)
         weight_map = {}
@@ -82,6 +100,7 @@ class HFDirectorySink:
 
     def abort(self, error: BaseException) -> None:
         """Remove the temporary folder; the previous export (if any) stays."""
+        self._rows.clear()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

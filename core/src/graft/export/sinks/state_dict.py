@@ -35,6 +35,7 @@ class StateDictSink(StagingSink):
 
     def finish(self) -> None:
         """Apply everything staged at once."""
+        self._rows.check_complete()
         self.weights.update(self._staged)
         for entry in self._staged_rows:
             self.weights[entry.name][entry.rows] = entry.values

@@ -6,6 +6,10 @@ handed over in one call, then the prefix cache is reset (cached KV blocks were c
 old weights). An in-process engine takes the tensors directly (``reload_weights``); an engine in
 its own process loads them from one safetensors file in ``/dev/shm``. A failure before `finish`
 leaves the engine on its old weights.
+
+Handlers export in vLLM's loader layout (consumer ``vllm``): a model whose experts are fused on
+disk may stream them one expert at a time (``...experts.<id>.<param>``), which the engine takes
+in place of its fused tensor.
 """
 
 from __future__ import annotations
@@ -17,11 +21,28 @@ from typing import Any
 import torch
 
 from graft.errors import GraftError
+from graft.export.context import VLLM_LAYOUT
+from graft.export.fused_experts import expert_of_fused, split_fused
 from graft.export.sinks.base import DeltaEntry, StagingSink
+
+
+def check_engine_shapes(staged: dict[str, torch.Tensor],
+                        expected: dict[str, tuple[int, ...]]) -> None:
+    """A `GraftError` unless every staged tensor is one the engine has, with its shape: a name
+    of ``expected`` (the engine's initial weights), or one expert of a fused tensor there."""
+    for name, tensor in staged.items():
+        shape = tuple(tensor.shape)
+        want = expected.get(name)
+        if want == shape or (want is None and expert_of_fused(name, shape, expected)):
+            continue
+        raise GraftError(f"export for vLLM: {name} {shape} does not match the engine's weights "
+                         f"({want}); the engine keeps its old weights")
 
 
 class VLLMSink(StagingSink):
     """Stages an export and loads it into ``llm`` at once."""
+
+    consumer = VLLM_LAYOUT
 
     def __init__(self, llm: Any, expected_shapes: dict[str, tuple[int, ...]], *,
                  delta: bool = False, current: dict[str, torch.Tensor] | None = None) -> None:
@@ -29,10 +50,14 @@ class VLLMSink(StagingSink):
         self.llm = llm
         self.expected = expected_shapes
         self._delta = delta
-        # The last pushed weights, kept only for delta exports (``current``: what the engine
-        # started with): vLLM reloads whole tensors, so row updates are applied to a copy of
-        # them. Full exports keep nothing between pushes.
-        self.current: dict[str, torch.Tensor] = dict(current or {}) if delta else {}
+        # The last pushed weights, kept only for delta exports: vLLM reloads whole tensors, so
+        # every push sends all of them, row updates applied to a copy. ``current`` (what the
+        # engine started with; usually the exporter's delta snapshot) is kept by reference and
+        # updated in place, so it follows the layout the exporter now sends (fused experts
+        # split per expert as the snapshot is). Full exports keep nothing between pushes.
+        self.current: dict[str, torch.Tensor] = {}
+        if delta and current is not None:
+            self.current = current
 
     def consume_delta(self, entries: list[DeltaEntry]) -> None:
         """Apply row updates to a copy of the last pushed weights (vLLM reloads whole tensors)."""
@@ -40,6 +65,7 @@ class VLLMSink(StagingSink):
             if entry.rows is None:
                 self._staged[entry.name] = entry.values.detach().to("cpu", copy=True)
                 continue
+            split_fused(self.current, entry.name)
             base = self._staged.get(entry.name)
             if base is None:
                 base = self.current[entry.name].clone()
@@ -47,14 +73,19 @@ class VLLMSink(StagingSink):
             self._staged[entry.name] = base
 
     def finish(self) -> None:
-        """Check names and shapes, then reload the engine's weights and reset its prefix cache."""
+        """Check names and shapes, then reload the engine's weights and reset its prefix cache.
+
+        A delta push sends every weight (the last pushed ones where nothing changed): vLLM
+        re-processes a layer once all of its weights arrived, and a layer given only some of
+        them would be rebuilt from uninitialised memory.
+        """
         from graft.inference.vllm_engine import worker_of
 
-        for name, tensor in self._staged.items():
-            want = self.expected.get(name)
-            if want is None or tuple(tensor.shape) != want:
-                raise GraftError(f"export for vLLM: {name} {tuple(tensor.shape)} does not match "
-                                 f"the engine's weights ({want}); the engine keeps its old weights")
+        self._rows.check_complete()
+        check_engine_shapes(self._staged, self.expected)
+        if self._delta:  # the last weights, per expert where this export is
+            for name in self._staged:
+                split_fused(self.current, name)
         update = {**self.current, **self._staged} if self._delta else self._staged
         worker = worker_of(self.llm)
         if worker is not None:
@@ -63,7 +94,7 @@ class VLLMSink(StagingSink):
             self._push_through_file(update)
         self.llm.reset_prefix_cache()
         if self._delta:
-            self.current = update
+            self.current.update(self._staged)
         self._staged = {}
 
     def _push_through_file(self, update: dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,28 @@
+"""graft-router-replay: MoE routing record/replay for Graft (entry point ``router_replay``).
+
+Names other code may use (loaded on first access: importing the plugin stays free of torch):
+the batch keys routes travel under (``ROUTES``, ``VALID``), the engine-output normaliser
+(``ingest_routes``) and the int16-safe collectives (``all_gather_routes``, ``broadcast_routes``).
+"""
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "ROUTES": "graft_router_replay.routes",
+    "VALID": "graft_router_replay.routes",
+    "ingest_routes": "graft_router_replay.ingest",
+    "all_gather_routes": "graft_router_replay.collectives",
+    "broadcast_routes": "graft_router_replay.collectives",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graft_router_replay' has no attribute {name!r}")

@@ -1,0 +1,161 @@
+"""Export layouts, in process: row blocks (assembly, buckets, delta), per-expert names of fused
+tensors, the vLLM sink's name check, each sink's consumer and its own copy plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig
+
+from graft import hookimpl
+from graft.config import ModelConfig
+from graft.errors import GraftError
+from graft.export.bucket import Bucket
+from graft.export.delta import DeltaTracker
+from graft.export.fused_experts import expert_of_fused, fused_name, split_fused
+from graft.export.sinks.base import DeltaEntry, RowAssembler, RowBlock
+from graft.export.sinks.hf_dir import HFDirectorySink
+from graft.export.sinks.state_dict import StateDictSink
+from graft.export.sinks.vllm import VLLMSink, check_engine_shapes
+from graft.export.stream import WeightExporter, sink_consumer
+from graft.models import build_model
+
+FUSED = torch.arange(8 * 3 * 2, dtype=torch.float32).view(8, 3, 2)
+
+
+def blocks(tensor: torch.Tensor, size: int, name: str = "x.experts.w") -> list[RowBlock]:
+    return [RowBlock(name, tensor[row:row + size].clone(), row, tuple(tensor.shape))
+            for row in range(0, tensor.shape[0], size)]
+
+
+def test_assembler_builds_whole_tensors_from_blocks_in_any_order() -> None:
+    assembler = RowAssembler()
+    *first, last = blocks(FUSED, 2)[::-1]
+    assert all(assembler.add(block) is None for block in first)
+    with pytest.raises(GraftError, match="rows of x.experts.w never arrived"):
+        assembler.check_complete()
+    assert torch.equal(assembler.add(last), FUSED)
+    assembler.check_complete()
+    with pytest.raises(GraftError, match="fall outside"):
+        assembler.add(RowBlock("y", torch.zeros(2, 3), 7, (8, 3)))
+
+
+def test_bucket_keeps_row_blocks_apart_from_whole_tensors() -> None:
+    bucket = Bucket(4096, torch.device("cpu"))
+    block = blocks(FUSED, 4)[1]
+    assert bucket.add("whole", torch.ones(5))
+    assert bucket.add(block.name, block.values, rows=(block.row_offset, block.full_shape))
+    assert [name for name, _ in bucket.views()] == ["whole"]
+    (got,) = bucket.row_blocks()
+    assert (got.name, got.row_offset, got.full_shape) == ("x.experts.w", 4, (8, 3, 2))
+    assert torch.equal(got.values, block.values)
+
+
+def test_delta_of_row_blocks_sends_blocks_first_then_changed_rows() -> None:
+    tracker = DeltaTracker()
+    tracker.begin()
+    assert all(isinstance(tracker.diff_rows(b), RowBlock) for b in blocks(FUSED, 4))
+    changed = FUSED.clone()
+    changed[5, 1, 0] += 1.0
+    tracker.begin()
+    first, second = (tracker.diff_rows(b) for b in blocks(changed, 4))
+    assert first is None
+    assert isinstance(second, DeltaEntry) and second.rows.tolist() == [5]
+    assert torch.equal(second.values, changed[5:6]) and torch.equal(tracker.snapshot["x.experts.w"],
+                                                                    changed)
+
+
+def test_a_half_recorded_tensor_is_sent_whole_by_the_next_export() -> None:
+    tracker = DeltaTracker()
+    tracker.begin()
+    tracker.diff_rows(blocks(FUSED, 4)[0])  # the export failed before the second block
+    tracker.begin()
+    assert all(isinstance(tracker.diff_rows(b), RowBlock) for b in blocks(FUSED, 4))
+
+
+def test_per_expert_names_of_a_fused_tensor() -> None:
+    assert fused_name("m.layers.1.mlp.experts.7.gate_up_proj") == (
+        "m.layers.1.mlp.experts.gate_up_proj", 7)
+    assert fused_name("m.layers.1.mlp.experts.gate_up_proj") is None
+    shapes = {"m.experts.down_proj": (8, 3, 2)}
+    assert expert_of_fused("m.experts.7.down_proj", (3, 2), shapes)
+    assert not expert_of_fused("m.experts.8.down_proj", (3, 2), shapes)  # no expert 8
+    assert not expert_of_fused("m.experts.1.down_proj", (2, 3), shapes)
+    weights = {"m.experts.down_proj": FUSED.clone(), "other": torch.ones(1)}
+    assert split_fused(weights, "m.experts.3.down_proj")
+    assert "m.experts.down_proj" not in weights and len(weights) == 9
+    assert torch.equal(weights["m.experts.3.down_proj"], FUSED[3])
+    assert not split_fused(weights, "m.experts.3.down_proj")
+
+
+def test_delta_compares_per_expert_tensors_with_a_fused_snapshot() -> None:
+    tracker = DeltaTracker()
+    tracker.diff("m.experts.w", FUSED)
+    assert tracker.diff("m.experts.2.w", FUSED[2].clone()) is None  # unchanged expert: nothing
+    moved = FUSED[6].clone()
+    moved[0, 1] = -1.0
+    entry = tracker.diff("m.experts.6.w", moved)
+    assert entry.rows.tolist() == [0] and torch.equal(entry.values, moved[:1])
+
+
+def test_vllm_sink_takes_the_experts_of_a_fused_tensor_by_name() -> None:
+    expected = {"m.experts.w": (8, 3, 2), "m.norm": (3,)}
+    check_engine_shapes({"m.experts.0.w": torch.zeros(3, 2), "m.norm": torch.zeros(3)}, expected)
+    with pytest.raises(GraftError, match=r"m.experts.8.w \(3, 2\) does not match"):
+        check_engine_shapes({"m.experts.8.w": torch.zeros(3, 2)}, expected)
+    with pytest.raises(GraftError, match=r"m.norm \(4,\) does not match"):
+        check_engine_shapes({"m.norm": torch.zeros(4)}, expected)
+
+
+def test_each_sink_names_its_consumer() -> None:
+    assert sink_consumer(None) == sink_consumer(StateDictSink()) == "hf"
+    assert VLLMSink.consumer == "vllm"
+
+    class Odd(StateDictSink):
+        consumer = "onnx"
+
+    with pytest.raises(ValueError, match="Odd.consumer='onnx'"):
+        sink_consumer(Odd())
+
+
+def test_hf_directory_assembles_row_blocks_and_refuses_missing_rows(tmp_path: Path) -> None:
+    config = AutoConfig.for_model("llama", hidden_size=8, num_hidden_layers=1,
+                                  num_attention_heads=2, intermediate_size=8, vocab_size=16)
+    sink = HFDirectorySink(tmp_path / "hf", config=config)
+    sink.begin()
+    sink.consume_rows(blocks(FUSED, 2))
+    sink.finish()
+    assert torch.equal(load_file(tmp_path / "hf" / "model.safetensors")["x.experts.w"], FUSED)
+    assert sink.shapes == {"x.experts.w": (8, 3, 2)}
+    sink.begin()
+    sink.consume_rows(blocks(FUSED, 2)[:3])
+    with pytest.raises(GraftError, match="never arrived"):
+        sink.finish()
+    sink.abort(GraftError("incomplete"))
+    assert torch.equal(load_file(tmp_path / "hf" / "model.safetensors")["x.experts.w"], FUSED)
+
+
+def test_each_consumer_gets_its_own_plan(graft_plugin) -> None:
+    class VLLMHeadName:
+        @hookimpl
+        def graft_export_slots(self, name, tensor, ctx):
+            if ctx.consumer == "vllm" and name == "lm_head.weight":
+                return [("vllm_head", tensor)]
+            return None
+
+    class VLLMStateDict(StateDictSink):
+        consumer = "vllm"
+
+    graft_plugin(VLLMHeadName(), name="vllm-head-name")
+    model, _ = build_model(ModelConfig(preset="tiny-llama"))
+    exporter = WeightExporter(model, bucket_bytes=4 << 20, dtype=None, delta=False, is_main=True)
+    assert exporter.copy_plan is not None  # a HF checkpoint: copies only
+    hf, vllm = StateDictSink(), VLLMStateDict()
+    exporter.export(hf)
+    exporter.export(vllm)  # streamed: the handler converts for this consumer
+    assert "lm_head.weight" in hf.weights and "vllm_head" not in hf.weights
+    assert set(vllm.weights) == set(hf.weights) - {"lm_head.weight"} | {"vllm_head"}
+    assert torch.equal(vllm.weights["vllm_head"], hf.weights["lm_head.weight"])
