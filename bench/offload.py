@@ -20,15 +20,21 @@ median copy-out time of one block input against the median forward time of one b
 of the boundary set (the inputs of blocks 0..30) freed, the overhead against ``none`` of the same
 compile mode. Then the largest sequence that fits with and without the plugin, extrapolated from
 the measured peaks (memory is linear in tokens here). Rows run in priority order; a row whose
-estimated time would pass ``--budget-s`` is skipped and listed as such.
+estimated time would pass ``--budget-s`` is skipped and listed as such. Compiled rows warm up
+once per length and routing (routing switches a block's class, on which dynamo guards).
+
+``--fit-cap-gib`` instead caps the GPU's memory and searches the largest length that fits with
+and without the plugin, one forward + backward per length tried (doubling, then bisection).
 
     python bench/offload.py --out $OUT/offload.json     # one H200; --budget-s bounds the run
+    python bench/offload.py --fit-cap-gib 32 --out $OUT/offload_fit.json   # ~90 s on one H200
     python bench/offload.py --small                     # CPU smoke test (stand-in copy backend)
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 import traceback
@@ -50,7 +56,9 @@ PLAN = [(65536, "none"), (65536, "offload"), (32768, "none"), (32768, "offload")
 SMALL_PLAN = [(1024, "none"), (1024, "offload"), (512, "offload"), (256, "none+compile"),
               (256, "offload+compile"), (512, "save_on_cpu")]
 PINNED_GBPS = 1.4  # first pinned allocation, GB/s (4 GiB took 2.8 s on the H200 host)
-COMPILE_S = {"first": 45.0, "next": 30.0}  # inductor, one Llama-8B block, forward + backward
+# inductor, one Llama-8B block, forward + backward; "retrace": a length compiled before, blocks
+# routed differently (dynamo retraces, inductor's cache has the kernels)
+COMPILE_S = {"first": 45.0, "next": 30.0, "retrace": 5.0}
 WORKING_ACTIVATIONS = 30  # a block's backward working set, in hidden-size vectors per token
 
 
@@ -100,7 +108,10 @@ class Bench:
         unroute_calls(self.blocks)
         self.routed = False
         self.compiled: list = []
-        self.compiled_lengths: set[int] = set()  # lengths the compiled blocks ran at
+        # (length, routed) pairs the compiled blocks ran at: routing switches the blocks' class,
+        # and dynamo guards on it, so the routed blocks compile once more (a run routes before
+        # its first forward and never pays this; the benchmark must not time it).
+        self.compiled_lengths: set[tuple[int, bool]] = set()
         self.save_on_cpu_lengths: set[int] = set()  # lengths save_on_cpu's pinned cache holds
         self.pool_tokens = 0  # the longest sequence the offload's pinned pool was filled for
 
@@ -221,8 +232,10 @@ def warmup_for(bench: Bench, tokens: int, variant: str) -> tuple[str | None, flo
     pinned allocation of the plugin's pool (filled outside the timed steps)."""
     layers, hidden = bench.shapes["num_hidden_layers"], bench.shapes["hidden_size"]
     pinned_s = tokens * hidden * 2 * layers / (PINNED_GBPS * 1e9)
-    if variant.endswith("+compile") and tokens not in bench.compiled_lengths:
-        return "step", COMPILE_S["next" if bench.compiled_lengths else "first"]
+    compiled_key = (tokens, variant.startswith("offload"))
+    if variant.endswith("+compile") and compiled_key not in bench.compiled_lengths:
+        known = {t for t, _ in bench.compiled_lengths}
+        return "step", COMPILE_S["retrace" if tokens in known else "next" if known else "first"]
     if variant == "save_on_cpu" and tokens not in bench.save_on_cpu_lengths:
         return "forward", pinned_s
     if variant.startswith("offload") and bench.pool_tokens < tokens:
@@ -243,6 +256,60 @@ def max_tokens(rows: list[dict], variant: str, capacity_gib: float) -> dict | No
     return {"variant": variant, "gib_per_1k_tokens": round(slope * 1024, 4),
             "fixed_gib": round(fixed, 2), "max_tokens": int((capacity_gib - fixed) / slope) // 1024 * 1024,
             "from_lengths": sorted({t for t, _ in points})}
+
+
+def fits(bench: Bench, tokens: int, variant: str) -> bool:
+    """Whether one forward + backward of ``tokens`` runs without running out of GPU memory."""
+    ids = torch.randint(0, bench.shapes["vocab_size"], (1, tokens), device=bench.device)
+    bench.use(variant)
+    try:
+        bench.step(ids, variant)
+        bench.sync()
+        ok = True
+    except torch.cuda.OutOfMemoryError:
+        if bench.routed:
+            bench.offloader.reset()
+        ok = False
+    del ids
+    gc.collect()
+    torch.cuda.empty_cache()
+    print(json.dumps({"fit_trial": variant, "tokens": tokens, "fits": ok}), flush=True)
+    return ok
+
+
+def search_largest(bench: Bench, variant: str, *, start: int, resolution: int) -> dict:
+    """The largest multiple of ``resolution`` tokens that fits: doubling from ``start`` until a
+    length does not fit, then bisection; every length tried is recorded."""
+    tried: dict[int, bool] = {}
+
+    def attempt(tokens: int) -> bool:
+        tried[tokens] = fits(bench, tokens, variant)
+        return tried[tokens]
+
+    good, bad = 0, start
+    while attempt(bad):
+        good, bad = bad, bad * 2
+    while bad - good > resolution:
+        middle = (good + bad) // 2 // resolution * resolution
+        good, bad = (middle, bad) if attempt(middle) else (good, middle)
+    return {"variant": variant, "max_tokens": good, "resolution": resolution,
+            "tried": {str(t): ok for t, ok in sorted(tried.items())}}
+
+
+def fit_search(bench: Bench, cap_gib: float, resolution: int) -> dict:
+    """Cap the GPU at ``cap_gib`` and search the largest length that fits, with and without the
+    plugin (a search on the whole GPU would take many minutes of quadratic attention)."""
+    index = torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(cap_gib * 2**30 / total, index)
+    searches = [search_largest(bench, v, start=16384, resolution=resolution)
+                for v in ("none", "offload")]
+    torch.cuda.set_per_process_memory_fraction(1.0, index)
+    for search in searches:
+        print(f"capped at {cap_gib} GiB, largest length that fits, {search['variant']}: "
+              f"{search['max_tokens']} tokens (searched to {resolution})", flush=True)
+    return {"cap_gib": cap_gib, "searches": searches}
 
 
 def run_plan(bench: Bench, plan: list[tuple[int, str]], args: argparse.Namespace,
@@ -271,7 +338,7 @@ def run_plan(bench: Bench, plan: list[tuple[int, str]], args: argparse.Namespace
                          "status": f"error: {type(exc).__name__}: {exc}"[:500]})
             continue
         if variant.endswith("+compile"):
-            bench.compiled_lengths.add(tokens)
+            bench.compiled_lengths.add((tokens, variant.startswith("offload")))
         if variant == "save_on_cpu":
             bench.save_on_cpu_lengths.add(tokens)
         if variant == "none":
@@ -321,6 +388,10 @@ def main() -> None:
     parser.add_argument("--steps-short", type=int, default=2, help="timed steps below 16K tokens")
     parser.add_argument("--steps-long", type=int, default=1, help="timed steps from 16K tokens")
     parser.add_argument("--only", default=None, help="comma-separated TOKENS:VARIANT rows to run")
+    parser.add_argument("--fit-cap-gib", type=float, default=None,
+                        help="instead of the plan: cap the GPU at this many GiB and search the "
+                             "largest length that fits with and without the plugin")
+    parser.add_argument("--fit-resolution", type=int, default=2048, help="tokens, for --fit-cap-gib")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     started = time.perf_counter()
@@ -333,6 +404,17 @@ def main() -> None:
     if args.only:
         plan = [(int(t), v) for t, v in (item.split(":") for item in args.only.split(","))]
     bench = Bench(shapes, device, args.small)
+    if args.fit_cap_gib is not None:
+        if device.type != "cuda":
+            parser.error("--fit-cap-gib needs a GPU")
+        result = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
+                  "device": torch.cuda.get_device_name(), "shapes": shapes,
+                  "fit": fit_search(bench, args.fit_cap_gib, args.fit_resolution),
+                  "wall_s": round(time.perf_counter() - started, 1)}
+        if args.out:
+            with open(args.out, "w") as handle:
+                json.dump(result, handle, indent=2)
+        return
     # 8K (256 small) "none" first: it loads the kernels, and its step time starts the estimates.
     calibration = measure(bench, 256 if args.small else 8192, "none", warmup="step",
                           steps=args.steps_short)
