@@ -8,9 +8,11 @@ transformers has no SDPA path for them), one ``--tokens`` sequence per step, EP=
 
 1. SFT step (forward, backward, AdamW), ``--warmup`` steps then the mean of ``--steps``:
    * plain: transformers model, ``fully_shard`` per block and root, fused AdamW, the experts on
-     transformers' fastest implementation (``grouped_mm``), HF's own loss. No Graft code.
+     transformers' fastest implementation (``grouped_mm``), HF's own loss, gradients clipped at
+     norm 1.0 (``clip_grad_norm_``, as HF Trainer, TRL and torchtitan do by default). No Graft
+     code.
    * graft: Graft's engine exactly as ``graft train`` builds it with this plugin (same experts
-     implementation and attention), gradient norm computed but not clipped.
+     implementation and attention), gradients clipped at norm 1.0 (Graft's default).
    Model TFLOP/s count active parameters (experts x top_k / num_experts, no embedding lookup):
    6 N_active S, plus attention 6 h S^2 per full-attention layer and 12 h S W per
    sliding-window layer (h = heads x head dim, W the window).
@@ -20,6 +22,8 @@ transformers has no SDPA path for them), one ``--tokens`` sequence per step, EP=
    transformers' fused layout; GB/s of exported bytes against a device copy and a pinned
    device-to-host copy of 4 GiB measured in the same run (`export.copy_rates`), and the peak
    extra device memory (bound: one bucket plus the largest parameter in the export dtype).
+   A bf16 export to a device sink reads the fp32 masters: it is measured against a 4 GiB fp32 ->
+   bf16 cast, an fp32 one against a plain copy, exports to the host against the pinned D2H copy.
 
     python3 bench/gpt_oss.py --out $OUT/gpt_oss.json     # one H200, about 2 minutes
     python3 bench/gpt_oss.py --small                     # CPU smoke test (tiny shapes, seconds)
@@ -104,6 +108,7 @@ def plain_loop(shapes: dict[str, Any], tokens: int, device: torch.device, attn: 
 
     def step() -> None:
         model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -123,7 +128,7 @@ def graft_engine(shapes: dict[str, Any], tokens: int, device: torch.device, attn
     overrides = ["model.preset=tiny-gpt-oss", f"engine.device={device.type}", "trainer.mode=sft",
                  f"engine.ep_size={ep}", f"engine.compile={str(compile_blocks).lower()}",
                  f"engine.max_tokens_per_micro_batch={tokens}", "optim.lr=1e-5",
-                 "optim.max_grad_norm=0", "model.experts_implementation=grouped_mm",
+                 "optim.max_grad_norm=1.0", "model.experts_implementation=grouped_mm",
                  *([f"model.attn_implementation={attn}"] if attn else []),
                  *[f"+model.overrides.{key}={value}" for key, value in shapes.items()]]
     cfg = compose(overrides)
@@ -191,11 +196,14 @@ def export_rows(model: torch.nn.Module, device: torch.device, args) -> list[dict
     """Exports of ``model`` (bf16 and fp32; per expert and fused; device and pinned host)."""
     from graft.export.stream import WeightExporter
 
-    bucket = (1 if args.small else args.bucket_mb) << 20
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
         model_bytes = sum(p.numel() for p in model.parameters()) * dtype.itemsize
         largest = max(p.numel() for p in model.parameters()) * dtype.itemsize
+        # A tensor larger than the bucket is handed to the sink as it is, with no copy (the
+        # fp32 embedding and head, 2.3 GB each, over 2 GiB): a bucket that holds the largest
+        # one makes every byte a copy, so the rates compare with the copy rates.
+        bucket = max((1 if args.small else args.bucket_mb) << 20, largest)
         for layout, sink_class in (("per expert", PerExpertSink), ("fused", export_bench.HandoffSink)):
             for target, bucket_device in (("device sink", device), ("pinned host",
                                                                      torch.device("cpu"))):
@@ -220,6 +228,24 @@ def export_rows(model: torch.nn.Module, device: torch.device, args) -> list[dict
     return rows
 
 
+def cast_rate(device: torch.device, nbytes: int, repeats: int) -> float:
+    """GB/s of one large fp32 -> bf16 cast on ``device``, in bf16 bytes written: the reference
+    for a bf16 export of fp32 masters, which reads two bytes for each one it writes (a plain
+    copy reads one)."""
+    source = torch.empty(nbytes // 2, dtype=torch.float32, device=device).uniform_()
+    target = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    seconds, _, _ = export_bench.measure(lambda: lambda: target.copy_(source), repeats)
+    return nbytes / seconds / 1e9
+
+
+def reference_rate(row: dict, rates: dict) -> float | None:
+    """What an export row is measured against: pinned D2H to the host; on the device a cast
+    for bf16 (from the fp32 masters), a plain copy for fp32."""
+    if row["target"] == "pinned host":
+        return rates.get("d2h_pinned_gb_per_s")
+    return rates["device_cast_gb_per_s" if row["dtype"] == "bfloat16" else "device_copy_gb_per_s"]
+
+
 def report(result: dict, out: str | None) -> None:
     """Print the tables and write the JSON."""
     print(f"{'variant':<24} {'tokens/s':>9} {'TFLOP/s':>8} {'step s':>7} {'peak GiB':>9}")
@@ -228,12 +254,13 @@ def report(result: dict, out: str | None) -> None:
               f"{r['step_s']:>7} {r['peak_gib']:>9}")
     rates = result["rates"]
     d2h = rates.get("d2h_pinned_gb_per_s")
-    print(f"device copy {rates['device_copy_gb_per_s']:.0f} GB/s"
-          + (f", pinned D2H {d2h:.1f} GB/s" if d2h else ""))
+    print(f"device copy {rates['device_copy_gb_per_s']:.0f} GB/s, fp32 -> bf16 cast "
+          f"{rates['device_cast_gb_per_s']:.0f} GB/s" + (f", pinned D2H {d2h:.1f} GB/s" if d2h else ""))
     print(f"{'export':<48} {'GB/s':>8} {'% of ref':>9} {'s':>8} {'peak GiB':>9} {'bound':>6}")
     for r in result["exports"]:
-        reference = d2h if r["target"] == "pinned host" else rates["device_copy_gb_per_s"]
-        share = f"{100 * r['gb_per_s'] / reference:.0f}%" if reference else "-"
+        reference = reference_rate(r, rates)
+        r["of_reference_pct"] = round(100 * r["gb_per_s"] / reference, 1) if reference else None
+        share = f"{r['of_reference_pct']:.0f}%" if reference else "-"
         print(f"{r['variant']:<48} {r['gb_per_s']:>8} {share:>9} {r['seconds']:>8} "
               f"{r['peak_extra_gib']:>9} {r['bound_gib']:>6}")
     if out:
@@ -245,8 +272,8 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="tiny shapes on CPU (smoke test)")
     parser.add_argument("--layers", type=int, default=None, help="default 4 (2 with --small)")
     parser.add_argument("--tokens", type=int, default=None, help="default 8192 (128 with --small)")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=10, help="timed exports per variant")
     parser.add_argument("--bucket-mb", type=int, default=2048)
     parser.add_argument("--variants", default="plain,graft",
@@ -285,8 +312,9 @@ def main() -> None:
             graft_model = built
         del built
     release(device)
-    result["rates"] = export_bench.copy_rates(device, (4 << 30) if device.type == "cuda"
-                                              else (64 << 20), args.repeats)
+    reference_bytes = (4 << 30) if device.type == "cuda" else (64 << 20)
+    result["rates"] = export_bench.copy_rates(device, reference_bytes, args.repeats)
+    result["rates"]["device_cast_gb_per_s"] = cast_rate(device, reference_bytes, args.repeats)
     result["exports"] = export_rows(graft_model, device, args) if graft_model is not None else []
     report(result, args.out)
 

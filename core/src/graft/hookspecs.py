@@ -387,5 +387,9 @@ def graft_export_slots(
     family handles (fused experts split per expert with global ids, renamed keys), or None to
     leave it to the next handler; the core's default handler applies transformers' own
     conversion mapping (per-expert ids shifted by ``ctx.expert_offset``). Must not mutate
-    ``tensor`` (views are fine; the exporter copies them into its bucket).
+    ``tensor`` (views are fine; the exporter copies them into its bucket). Fastest: return
+    ``tensor`` itself, or contiguous views that tile it (``tensor[i]`` for each expert): a full
+    export then copies (and casts) the whole parameter once and hands over views of the copy,
+    never calling the handler on real data, so slice real data exactly as a meta tensor of the
+    same shape.
     """

@@ -1,5 +1,6 @@
 """Export layouts, in process: row blocks (assembly, buckets, delta), per-expert names of fused
-tensors, the vLLM sink's name check, each sink's consumer and its own copy plan."""
+tensors, the vLLM sink's name check, each sink's consumer and its own copy plan, handlers'
+views that tile a parameter planned as copies."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from graft import hookimpl
 from graft.config import ModelConfig
 from graft.errors import GraftError
 from graft.export.bucket import Bucket
+from graft.export.copy_plan import plan_copies
 from graft.export.delta import DeltaTracker
 from graft.export.fused_experts import expert_of_fused, fused_name, split_fused
+from graft.export.handlers import _tile_offsets
 from graft.export.sinks.base import DeltaEntry, RowAssembler, RowBlock
 from graft.export.sinks.hf_dir import HFDirectorySink
 from graft.export.sinks.state_dict import StateDictSink
@@ -155,7 +158,55 @@ def test_each_consumer_gets_its_own_plan(graft_plugin) -> None:
     assert exporter.copy_plan is not None  # a HF checkpoint: copies only
     hf, vllm = StateDictSink(), VLLMStateDict()
     exporter.export(hf)
-    exporter.export(vllm)  # streamed: the handler converts for this consumer
+    exporter.export(vllm)  # the handler renames for this consumer
     assert "lm_head.weight" in hf.weights and "vllm_head" not in hf.weights
     assert set(vllm.weights) == set(hf.weights) - {"lm_head.weight"} | {"vllm_head"}
     assert torch.equal(vllm.weights["vllm_head"], hf.weights["lm_head.weight"])
+
+
+class RowSlices:
+    """A handler that exports one MLP weight of tiny-llama row by row, as views (``copy=False``:
+    they tile the parameter) or as copies."""
+
+    NAME = "model.layers.0.mlp.down_proj.weight"
+
+    def __init__(self, *, copy: bool) -> None:
+        self.copy = copy
+
+    @hookimpl
+    def graft_export_slots(self, name, tensor, ctx):
+        if name != self.NAME:
+            return None
+        rows = [tensor[row] for row in range(tensor.shape[0])]
+        return [(f"{name}.row{index}", row.clone() if self.copy else row)
+                for index, row in enumerate(reversed(rows))]
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_views_tiling_a_parameter_follow_the_copy_plan(graft_plugin, dtype) -> None:
+    model, _ = build_model(ModelConfig(preset="tiny-llama"))
+    options = {"bucket_bytes": 1 << 20, "dtype": dtype, "delta": False, "is_main": True}
+    graft_plugin(RowSlices(copy=True), name="row-copies")  # copies: streamed
+    assert plan_copies(model, bucket=None, bucket_bytes=1 << 20, dtype=dtype) is None
+    streamed = StateDictSink()
+    WeightExporter(model, **options).export(streamed)
+    graft_plugin(RowSlices(copy=False), name="row-views")  # registered last: asked first
+    exporter = WeightExporter(model, **options)
+    assert exporter.copy_plan is not None  # views that tile the parameter: copies only
+    planned = StateDictSink()
+    stats = exporter.export(planned)
+    assert list(planned.weights) == list(streamed.weights)  # same names, same order
+    assert all(torch.equal(planned.weights[k], streamed.weights[k]) for k in streamed.weights)
+    assert f"{RowSlices.NAME}.row0" in planned.weights and RowSlices.NAME not in planned.weights
+    assert stats.tensors == len(planned.weights)
+
+
+def test_only_contiguous_views_covering_every_element_once_tile() -> None:
+    whole = torch.empty(4, 6, device="meta")
+    assert _tile_offsets(whole, [whole[2:], whole[:2]]) == (12, 0)
+    assert _tile_offsets(whole, [whole]) == (0,)
+    assert _tile_offsets(whole, [whole[:2], whole[1:]]) is None  # overlapping
+    assert _tile_offsets(whole, [whole[:2], whole[3:]]) is None  # a gap
+    assert _tile_offsets(whole, [whole[:, :3], whole[:, 3:]]) is None  # not contiguous
+    assert _tile_offsets(whole, [whole.clone()]) is None  # a copy
+    assert _tile_offsets(whole, [whole.view(torch.int32)]) is None  # another dtype

@@ -1,14 +1,17 @@
 """`CopyPlan`: a full export that is nothing but copies and all-gathers, laid out once.
 
-When every handler passes its parameter through unchanged and no delta is kept, an export needs
-no per-tensor decisions: each parameter has a fixed place in one of the buckets. Parameters split
-in row blocks over the ranks are all-gathered straight into that place (one write per byte, no
-temporary; cast to the export dtype before the gather); the others are copied (and cast), large
-ones one by one, small ones together.
+When every handler passes its parameter through unchanged, or slices it into views that tile it
+(one tensor per expert of a fused parameter, `graft.export.handlers.tiling_slots`), and no delta
+is kept, an export needs no per-tensor decisions: each parameter has a fixed place in one of the
+buckets, and its exported tensors are views of that place. Parameters split in row blocks over
+the ranks are all-gathered straight into that place (one write per byte, no temporary; cast to
+the export dtype before the gather); the others are copied (and cast), large ones one by one,
+small ones together.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,18 +20,20 @@ import torch
 from graft.export.bucket import Bucket, aligned, copy_tensors
 from graft.export.context import HF_LAYOUT, ExportContext
 from graft.export.gather import gather_rows_into, gathers_rows_directly, is_sharded, local_tensor
-from graft.export.handlers import exported_entries, meta_skeleton, passes_through
+from graft.export.handlers import exported_entries, meta_skeleton, passes_through, tiling_slots
 
 
 @dataclass(frozen=True)
 class PlannedTensor:
-    """One exported tensor: its HF name, the live parameter, the exported dtype and its place in
-    the bucket (None on ranks that only help gather)."""
+    """One exported parameter: its name, the live parameter, the exported dtype, its place in
+    the bucket and the exported ``(hf_name, tensor)`` entries, views of that place (None and
+    empty on ranks that only help gather)."""
 
     name: str
     value: Any
     dtype: torch.dtype
     view: torch.Tensor | None
+    outputs: tuple[tuple[str, torch.Tensor], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -42,8 +47,8 @@ def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: 
                 dtype: torch.dtype | None, consumer: str = HF_LAYOUT) -> CopyPlan | None:
     """The bucket layout of a full export of ``model`` for ``consumer`` (floating-point tensors
     in ``dtype`` when given), or None when an export needs more than copies (a handler that
-    converts, a parameter sharded otherwise than in equal row blocks, or one larger than a
-    bucket).
+    converts other than by slicing a parameter into views that tile it, a parameter sharded
+    otherwise than in equal row blocks, or one larger than a bucket).
 
     Depends only on the model and the arguments, so every rank decides the same and issues the
     same all-gathers in the same order; ``bucket`` is None on ranks that only help gather.
@@ -56,19 +61,31 @@ def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: 
         shape = tuple(value.shape)
         exported = dtype if dtype is not None and value.is_floating_point() else value.dtype
         nbytes = value.numel() * exported.itemsize
-        if ((is_sharded(value) and not gathers_rows_directly(value)) or nbytes > bucket_bytes
-                or not passes_through(name, shape, exported, ctx)):
+        if (is_sharded(value) and not gathers_rows_directly(value)) or nbytes > bucket_bytes:
+            return None
+        slots = ([(name, shape, 0)] if passes_through(name, shape, exported, ctx)
+                 else tiling_slots(name, shape, exported, ctx))
+        if slots is None:
             return None
         start = aligned(used)
         if start + nbytes > bucket_bytes:
             buckets.append([])
             start = 0
-        view = None
+        view, outputs = None, ()
         if bucket is not None:
             view = bucket.buffer[start:start + nbytes].view(exported).view(shape)
-        buckets[-1].append(PlannedTensor(name, value, exported, view))
+            outputs = tuple(_slot_views(view, slots))
+        buckets[-1].append(PlannedTensor(name, value, exported, view, outputs))
         used = start + nbytes
     return CopyPlan([b for b in buckets if b])
+
+
+def _slot_views(view: torch.Tensor, slots: list[tuple[str, tuple[int, ...], int]]
+                ) -> list[tuple[str, torch.Tensor]]:
+    """Each slot ``(hf_name, shape, element offset)`` as a view of a parameter's bucket place."""
+    flat = view.view(-1)
+    return [(hf_name, flat[offset:offset + math.prod(shape)].view(shape))
+            for hf_name, shape, offset in slots]
 
 
 def fill_bucket(planned: list[PlannedTensor]) -> None:

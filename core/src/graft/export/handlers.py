@@ -71,11 +71,31 @@ def _handler_plugins() -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Probe:
     """What a handler makes of a parameter, found on a meta tensor: its ``(hf_name, shape)``
-    entries, and ``same_tensor``: the HF name when it returns the parameter itself as its only
-    entry (renamed or not; None otherwise)."""
+    entries; ``same_tensor``: the HF name when it returns the parameter itself as its only
+    entry (renamed or not; None otherwise); ``offsets``: when its entries are contiguous views
+    that tile the parameter (every element in exactly one, as one tensor per expert of a fused
+    one), each entry's first element's offset in the parameter (None otherwise)."""
 
     entries: list[tuple[str, tuple[int, ...]]]
     same_tensor: str | None
+    offsets: tuple[int, ...] | None = None
+
+
+def _tile_offsets(whole: torch.Tensor, parts: list[torch.Tensor]) -> tuple[int, ...] | None:
+    """Each part's element offset in ``whole`` when the parts are contiguous views of it (or it)
+    in its dtype that cover each of its elements exactly once; None otherwise."""
+    spans = []
+    for part in parts:
+        if not (part is whole or part._base is whole) or part.dtype != whole.dtype \
+                or not part.is_contiguous():
+            return None
+        spans.append((part.storage_offset() - whole.storage_offset(), part.numel()))
+    covered = 0
+    for start, count in sorted(spans):
+        if start != covered:
+            return None
+        covered += count
+    return tuple(start for start, _ in spans) if covered == whole.numel() else None
 
 
 _PROBES: dict[tuple[Any, ...], Probe] = {}
@@ -91,7 +111,8 @@ def _probe(name: str, shape: tuple[int, ...], dtype: torch.dtype, ctx: ExportCon
         dummy = torch.empty(tuple(shape), dtype=dtype, device="meta")
         out = list(handler(name, dummy, ctx))
         same = out[0][0] if len(out) == 1 and out[0][1] is dummy else None
-        _PROBES[key] = Probe([(hf_name, tuple(t.shape)) for hf_name, t in out], same)
+        _PROBES[key] = Probe([(hf_name, tuple(t.shape)) for hf_name, t in out], same,
+                             _tile_offsets(dummy, [t for _, t in out]))
     return _PROBES[key]
 
 
@@ -108,6 +129,21 @@ def passes_through(name: str, shape: tuple[int, ...], dtype: torch.dtype,
     on a meta tensor, cached); such parameters skip the handler call on real data, off the
     export's hot path."""
     return _probe(name, shape, dtype, ctx, export_slots).same_tensor == name
+
+
+def tiling_slots(name: str, shape: tuple[int, ...], dtype: torch.dtype,
+                 ctx: ExportContext) -> list[tuple[str, tuple[int, ...], int]] | None:
+    """``(hf_name, shape, element offset)`` of each entry the handlers make of a parameter when
+    those entries are contiguous views tiling it (one tensor per expert of a fused parameter, a
+    renamed parameter): an export can then copy the whole parameter at once and hand over views
+    of the copy. None when they are anything else (copies, overlapping or partial views). Found
+    on a meta tensor and cached, as `passes_through`: a handler must slice real data as it
+    slices a meta tensor of the same shape."""
+    probe = _probe(name, shape, dtype, ctx, export_slots)
+    if probe.offsets is None:
+        return None
+    return [(hf_name, entry_shape, offset)
+            for (hf_name, entry_shape), offset in zip(probe.entries, probe.offsets, strict=True)]
 
 
 def block_hf_name(name: str, shape: tuple[int, ...], dtype: torch.dtype,

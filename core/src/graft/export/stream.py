@@ -163,8 +163,9 @@ def sink_consumer(sink: WeightSink | None) -> str:
 class WeightExporter:
     """Exports a model to sinks again and again, keeping the delta snapshot between exports.
 
-    A full export whose handlers pass every parameter through for the sink's consumer follows a
-    bucket layout computed once per consumer (`graft.export.copy_plan`); any other export
+    A full export whose handlers pass every parameter through, or slice it into views tiling it,
+    for the sink's consumer follows a bucket layout computed once per consumer
+    (`graft.export.copy_plan`); any other export
     streams parameter by parameter, in the layout of the sink's consumer (``sink.consumer``).
     """
 
@@ -228,8 +229,9 @@ class WeightExporter:
         for planned in plan.buckets:
             fill_bucket(planned)  # on every rank: a collective when the model is sharded
             if self.bucket is not None:  # the exporting rank
-                stats.tensors += len(planned)
-                self._deliver(sink, [(item.name, item.view) for item in planned], stats)
+                tensors = [output for item in planned for output in item.outputs]
+                stats.tensors += len(tensors)
+                self._deliver(sink, tensors, stats)
         stats.bytes_total = stats.bytes_sent
 
     def _send_streamed(self, sink: WeightSink | None, consumer: str, stats: ExportStats) -> None:
