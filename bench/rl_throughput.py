@@ -5,9 +5,10 @@ A TinyLlama-1.1B-shaped dense model (random bf16 compute, fp32 masters), the syn
 task, ``--prompts`` prompts x ``--n`` samples per step, up to ``--max-new-tokens`` generated
 tokens each, GRPO with token-mean, FSDP2 on one GPU. One run per ``--variants`` entry (`VARIANTS`:
 before = the old-log-prob pass every step and the dynamic-cache decode; skip = the on-policy
-skip; static = plus the static-cache decode copy, compiled by inductor (static-cudagraphs: the
-eager kernels replayed from CUDA graphs); rows = static plus packed rows of at most 2048
-tokens; flex = static plus FlexAttention for packed rows),
+skip; static = plus the static-cache decode copy, compiled by inductor (static-cudagraphs:
+Graft's own decode loop replaying the eager decode step from a CUDA graph); rows = static plus
+packed rows of at most 2048 tokens; graphs-rows = static-cudagraphs plus those rows; flex =
+static plus FlexAttention for packed rows),
 then an SFT step through the last variant's engine on samples of the RL batch's lengths. The
 first step (warm-up) is left out of the averages.
 
@@ -45,6 +46,8 @@ VARIANTS = {
                           "rollout.decode_compile=cudagraphs"],
     "rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
              "engine.max_tokens_per_row=2048"],
+    "graphs-rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
+                    "rollout.decode_compile=cudagraphs", "engine.max_tokens_per_row=2048"],
     "flex": ["algorithm.old_logprobs=auto", "rollout.decode=static",
              "model.attn_implementation=flex_attention"],
 }
@@ -136,7 +139,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS),
-                        default=["before", "skip", "static", "static-cudagraphs", "rows"])
+                        default=["before", "skip", "static", "static-cudagraphs", "rows",
+                                 "graphs-rows"])
     parser.add_argument("--override", nargs="*", default=[], help="more config overrides")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", default=None)

@@ -190,10 +190,12 @@ class RolloutConfig:
     # generates with a static KV cache (for models transformers compiles whole); transformers
     # compiles its decode step (CUDA graphs) on GPU and no rank waits for another.
     decode: str = choice("dynamic", ("dynamic", "static"))
-    # static decode on GPU: how its decode step is compiled. inductor: fused kernels (fastest;
-    # they round a little differently from the trainer's eager forward); cudagraphs: the eager
-    # kernels replayed from CUDA graphs (the trainer's numerics); none: eager.
-    decode_compile: str = choice("inductor", ("inductor", "cudagraphs", "none"))
+    # static decode: how its decode step runs. cudagraphs: Graft's own loop replays the eager
+    # step from a CUDA graph (eager on CPU), drops finished rows from the batch, the trainer's
+    # numerics (models with sliding-window attention: transformers' compile, cudagraphs
+    # backend); inductor: transformers' compiled step, fused kernels (on an H200 2.6x slower
+    # here and rounding differently from the trainer's forward); none: transformers, eager.
+    decode_compile: str = choice("cudagraphs", ("cudagraphs", "inductor", "none"))
     # vLLM only: fraction of GPU memory for weights and KV cache; context length.
     gpu_memory_utilization: float = 0.3
     max_model_len: int = 1024

@@ -8,6 +8,8 @@ gathered (``reshard_after_forward`` off), so decoding does not all-gather every 
 ``rollout.decode=static``: a plain copy of the weights in the compute dtype
 (`graft.rollout.inference_copy.InferenceCopy`, refreshed after every update) generates with a
 static cache, which transformers compiles (CUDA graphs) on GPU; ranks generate independently.
+With ``rollout.decode_compile=cudagraphs`` Graft's own loop (`graft.rollout.graphed_decode`)
+replays the eager decode step from a CUDA graph instead, for models it can run.
 """
 
 from __future__ import annotations
@@ -39,11 +41,17 @@ class EmbeddedRollout:
         self.eos_token_id = eos_token_id
         self.device = device
         self.copy = None
+        self.decoder = None
         if static_copy_dtype is not None:
+            from graft.rollout.graphed_decode import GraphedDecoder, decodes_with_graphs
             from graft.rollout.inference_copy import InferenceCopy
 
             self.copy = InferenceCopy(model, dtype=static_copy_dtype, device=device,
                                       compile_backend=compile_backend)
+            if compile_backend == "cudagraphs" and decodes_with_graphs(self.copy.model):
+                self.decoder = GraphedDecoder(self.copy.model, pad_token_id=pad_token_id,
+                                              eos_token_id=eos_token_id,
+                                              use_graphs=device.type == "cuda")
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
@@ -75,6 +83,18 @@ class EmbeddedRollout:
 
     def _generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
         ids, mask = self._left_pad(prompts)
+        if self.decoder is not None:
+            new_tokens, logprobs = self.decoder.generate(ids, mask, spec)
+        else:
+            new_tokens, logprobs = self._generate_hf(ids, mask, spec)
+        responses = [cut_at_eos(row, self.eos_token_id) for row in new_tokens.tolist()]
+        logprobs = logprobs.cpu()  # one device-to-host copy for the whole batch
+        return [RolloutSample(prompt, response, logprobs[row, :len(response)])
+                for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True))]
+
+    def _generate_hf(self, ids: torch.Tensor, mask: torch.Tensor,
+                     spec: SamplingSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' ``generate``: the new tokens and their log-probs, ``(batch, steps)``."""
         options = dict(input_ids=ids, attention_mask=mask, do_sample=True,
                        temperature=spec.temperature, top_p=spec.top_p, top_k=0,
                        max_new_tokens=spec.max_new_tokens, use_cache=True,
@@ -90,13 +110,10 @@ class EmbeddedRollout:
         new_tokens = out.sequences[:, ids.shape[1]:]
         # One decode step at a time, with the trainer's own log-prob function: never a fp32 copy
         # of all (sequences x steps x vocab) logits.
-        temperature = torch.full((len(prompts),), spec.temperature, device=new_tokens.device)
+        temperature = torch.full((ids.shape[0],), spec.temperature, device=new_tokens.device)
         logprobs = torch.stack([token_logprobs(step, new_tokens[:, i], temperature)
                                 for i, step in enumerate(out.logits)], dim=1)
-        responses = [cut_at_eos(row, self.eos_token_id) for row in new_tokens.tolist()]
-        logprobs = logprobs.cpu()  # one device-to-host copy for the whole batch
-        return [RolloutSample(prompt, response, logprobs[row, :len(response)])
-                for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True))]
+        return new_tokens, logprobs
 
     def request_extras(self, *names: str) -> None:
         """No per-request outputs: plugins record what they need with hooks on `model`."""

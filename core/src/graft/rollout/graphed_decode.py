@@ -1,0 +1,292 @@
+"""`GraphedDecoder`: Graft's own sampling loop over a static KV cache, its decode step replayed
+from a CUDA graph.
+
+transformers' ``generate`` pays for every token on the host: logits processors, stopping checks
+that wait for the device, a Python forward that launches every kernel again. Compiling that
+step with inductor removes the launches but fuses kernels that round differently from the
+trainer's eager forward (the train-inference mismatch grows). This loop captures the decode
+step's *eager* kernels once per (batch, cache length) in a CUDA graph and replays it, so each
+token costs one graph launch plus a few sampling kernels, with the trainer's numerics.
+
+The step's inputs live in fixed tensors the graph reads (the last tokens, their positions, which
+cache slots hold keys); the model gets an explicit 4-D mask built from them inside the graph, so
+transformers does no data-dependent mask work. Prompts are left-padded and share one cache index
+per step; a padded query position attends to itself only (never to nothing, which would put
+NaNs in the cache). Sampling (temperature, top-p, multinomial) and the log-probs (the trainer's
+own `token_logprobs`) run on the device; the host looks at the finished flags every
+``check_every`` steps to stop early. Without CUDA (tests) the same step runs eagerly.
+
+As rows finish, the loop moves the unfinished ones into a smaller batch (a power of two, its own
+cache and graph) so that finished rows stop costing compute. With SDPA, a decode step attends
+with grouped queries (the query heads of a key/value head as one query block,
+`grouped_query_decode_attention`) instead of copying every cached key and value once per query
+head, as transformers' SDPA path does when a mask is given.
+
+Only for models whose attention is full and causal over one static cache (``layer_types`` all
+``full_attention``, no sliding window): others keep transformers' path
+(`decodes_with_graphs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from graft.engine.logprobs import token_logprobs
+from graft.rollout.types import SamplingSpec
+
+CACHE_LENGTH_MULTIPLE = 64  # cache lengths round up to this, so nearby prompt lengths share a graph
+# The attention implementations this loop hands a ready 4-D mask to: SDPA takes a boolean one
+# (True: attend; the loop's own grouped-query attention too), eager an additive one.
+MASKS = ("sdpa", "eager")
+GROUPED_ATTENTION = "graft_grouped_query_decode"
+
+
+def decodes_with_graphs(model: torch.nn.Module) -> bool:
+    """Whether `GraphedDecoder` can run ``model``: transformers compiles it whole (static cache)
+    and every layer attends to the whole causal context."""
+    config = model.config
+    if not getattr(model, "_can_compile_fullgraph", False):
+        return False
+    if getattr(config, "_attn_implementation", None) not in MASKS:
+        return False  # flash attention takes no 4-D mask
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return all(kind == "full_attention" for kind in layer_types)
+    return getattr(config, "sliding_window", None) is None or \
+        getattr(config, "use_sliding_window", True) is False
+
+
+@dataclass
+class _DecodeState:
+    """The fixed tensors one captured step reads and writes, and its cache."""
+
+    cache: object
+    tokens: torch.Tensor  # (batch, 1) the last sampled tokens
+    positions: torch.Tensor  # (batch, 1) their rotary positions
+    slot: torch.Tensor  # (1,) the cache index this step writes
+    key_valid: torch.Tensor  # (batch, cache length) bool: which cache slots hold real keys
+    logits: torch.Tensor | None = None  # (batch, vocab) the step's output
+    graph: torch.cuda.CUDAGraph | None = None
+
+
+class GraphedDecoder:
+    """Samples continuations of left-padded prompts from ``model`` (an unsharded inference copy)."""
+
+    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_id: int | None,
+                 use_graphs: bool, check_every: int = 16, min_batch: int = 8) -> None:
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.eos_token_id = eos_token_id
+        self.use_graphs = use_graphs
+        self.check_every = check_every
+        self.min_batch = min_batch
+        self.boolean_mask = model.config._attn_implementation == "sdpa"
+        if self.boolean_mask:
+            _use_grouped_query_attention(model)
+        self.batch_sizes: list[int] = []  # the batch sizes the last `generate` decoded at
+        self._states: dict[tuple[int, int], _DecodeState] = {}
+
+    @torch.no_grad()
+    def generate(self, ids: torch.Tensor, mask: torch.Tensor,
+                 spec: SamplingSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(new tokens, their log-probs)``, both ``(batch, steps)``: ``ids`` and ``mask`` are
+        left-padded prompts ``(batch, prompt length)``. A row that emitted EOS is padded after it
+        (log-prob 0); generation stops when every row has or after ``spec.max_new_tokens``."""
+        batch, prompt_length = ids.shape
+        if spec.max_new_tokens < 1:
+            empty = torch.empty((batch, 0), device=ids.device)
+            return empty.long(), empty
+        length = prompt_length + spec.max_new_tokens
+        state = self._state(batch, length, ids.device)
+        rows = torch.arange(batch, device=ids.device)  # the original row of each state row
+        temperature = torch.full((batch,), spec.temperature, device=ids.device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
+        tokens = torch.full((batch, spec.max_new_tokens), self.pad_token_id, dtype=torch.long,
+                            device=ids.device)
+        logprobs = torch.zeros((batch, spec.max_new_tokens), device=ids.device)
+        self.batch_sizes = [batch]
+        logits = self._prefill(state, ids, mask)
+        for step in range(spec.max_new_tokens):
+            token, logprob = self._sample(logits, temperature, spec, finished)
+            tokens[rows, step] = token
+            logprobs[rows, step] = logprob
+            if step + 1 == spec.max_new_tokens:
+                break
+            if (step + 1) % self.check_every == 0:
+                remaining = int((~finished).sum())
+                if remaining == 0:
+                    break
+                keep = self._rows_to_keep(finished, remaining)
+                if keep is not None:
+                    state = self._compact(state, keep, length)
+                    rows, finished, temperature, token = (
+                        rows[keep], finished[keep], temperature[keep], token[keep])
+                    self.batch_sizes.append(len(keep))
+            state.tokens.copy_(token[:, None])
+            logits = self._decode(state)
+        return tokens[:, :step + 1], logprobs[:, :step + 1]
+
+    def _rows_to_keep(self, finished: torch.Tensor, remaining: int) -> torch.Tensor | None:
+        """The rows of a smaller batch (the unfinished ones first, finished ones filling it up
+        to a power of two), or None while the batch is not twice that size."""
+        size = max(self.min_batch, 1 << (remaining - 1).bit_length())
+        if 2 * size > finished.shape[0]:
+            return None
+        return torch.argsort(finished.to(torch.int8), stable=True)[:size]
+
+    def _compact(self, state: _DecodeState, keep: torch.Tensor, length: int) -> _DecodeState:
+        """A state for the rows ``keep`` of ``state``: its cache rows, masks and positions."""
+        smaller = self._state(len(keep), length, keep.device)
+        for source, target in zip(state.cache.layers, smaller.cache.layers, strict=True):
+            target.keys.copy_(source.keys.index_select(0, keep))
+            target.values.copy_(source.values.index_select(0, keep))
+            target.cumulative_length.copy_(source.cumulative_length)
+        smaller.key_valid.copy_(state.key_valid.index_select(0, keep))
+        smaller.positions.copy_(state.positions.index_select(0, keep))
+        smaller.slot.copy_(state.slot)
+        return smaller
+
+    def _sample(self, logits: torch.Tensor, temperature: torch.Tensor, spec: SamplingSpec,
+                finished: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per row from ``logits / temperature`` (top-p when below 1), its log-prob
+        under the unfiltered distribution (the trainer's), padding for finished rows."""
+        scores = logits.float() / spec.temperature
+        if spec.top_p < 1.0:
+            scores = _top_p(scores, spec.top_p)
+        token = torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(1)
+        logprob = token_logprobs(logits, token, temperature)
+        token = torch.where(finished, self.pad_token_id, token)
+        logprob = torch.where(finished, 0.0, logprob)
+        if self.eos_token_id is not None:
+            finished |= token == self.eos_token_id
+        return token, logprob
+
+    def _state(self, batch: int, length: int, device: torch.device) -> _DecodeState:
+        """The decode state (and its graph) for ``batch`` rows of up to ``length`` tokens."""
+        length = -(-length // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE
+        key = (batch, length)
+        if key not in self._states:
+            from transformers import StaticCache
+
+            # Caches of another length are let go (their memory is batch x length per layer);
+            # a rollout's batches share one length, the next rollout usually too.
+            self._states = {k: v for k, v in self._states.items() if k[1] == length}
+            state = _DecodeState(
+                cache=StaticCache(config=self.model.config, max_cache_len=length),
+                tokens=torch.full((batch, 1), self.pad_token_id, dtype=torch.long, device=device),
+                positions=torch.zeros((batch, 1), dtype=torch.long, device=device),
+                slot=torch.zeros(1, dtype=torch.long, device=device),
+                key_valid=torch.zeros((batch, length), dtype=torch.bool, device=device))
+            if self.use_graphs and device.type == "cuda":
+                self._capture(state)
+            else:  # allocate the cache now (transformers does on first use): compaction copies in
+                self._step(state)
+                self._reset(state)
+            self._states[key] = state
+        return self._states[key]
+
+    def _prefill(self, state: _DecodeState, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Run the prompts through the model (eagerly) into a reset cache; the last logits."""
+        batch, prompt_length = ids.shape
+        state.cache.reset()
+        valid = mask.bool()
+        state.key_valid.zero_()
+        state.key_valid[:, :prompt_length] = valid
+        slots = torch.arange(state.key_valid.shape[1], device=ids.device)
+        queries = torch.arange(prompt_length, device=ids.device)
+        causal = slots[None, :] <= queries[:, None]
+        # A padded query attends to itself only: a row with no key at all would give NaNs.
+        attend = (state.key_valid[:, None, :] & causal[None]) | (slots[None, None, :]
+                                                                == queries[None, :, None])
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=self._mask(attend[:, None]),
+                         position_ids=positions, past_key_values=state.cache, use_cache=True,
+                         logits_to_keep=1)
+        state.positions.copy_(positions[:, -1:] + 1)
+        state.slot.fill_(prompt_length)
+        return out.logits[:, -1]
+
+    def _step(self, state: _DecodeState) -> torch.Tensor:
+        """One decode step from the state's fixed tensors (what the graph records)."""
+        state.key_valid.index_fill_(1, state.slot, True)
+        out = self.model(input_ids=state.tokens,
+                         attention_mask=self._mask(state.key_valid[:, None, None, :]),
+                         position_ids=state.positions, past_key_values=state.cache,
+                         use_cache=True)
+        state.slot.add_(1)
+        state.positions.add_(1)
+        return out.logits[:, -1]
+
+    def _mask(self, attend: torch.Tensor) -> torch.Tensor:
+        """``attend`` (bool, True: attend) as the model's attention takes it."""
+        if self.boolean_mask:
+            return attend
+        return torch.zeros(attend.shape, dtype=self.model.dtype, device=attend.device).masked_fill(
+            ~attend, torch.finfo(self.model.dtype).min)
+
+    def _decode(self, state: _DecodeState) -> torch.Tensor:
+        if state.graph is None:
+            return self._step(state)
+        state.graph.replay()
+        return state.logits
+
+    def _capture(self, state: _DecodeState) -> None:
+        """Record the decode step in a CUDA graph: a few eager runs on a side stream first
+        (lazy cache allocation, library workspaces), then the capture, then a reset (the
+        capture itself runs nothing)."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step(state)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            state.logits = self._step(state)
+        state.graph = graph
+        self._reset(state)
+
+    @staticmethod
+    def _reset(state: _DecodeState) -> None:
+        state.cache.reset()
+        state.slot.zero_()
+        state.positions.zero_()
+        state.key_valid.zero_()
+
+
+def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``scores`` with the tokens outside the smallest set whose probability reaches ``top_p``
+    set to -inf (the most likely token always stays)."""
+    ordered, order = scores.sort(dim=-1, descending=True)
+    probs = ordered.softmax(dim=-1)
+    drop = probs.cumsum(dim=-1) - probs > top_p
+    return scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
+
+
+def grouped_query_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                                   value: torch.Tensor, attention_mask: torch.Tensor | None,
+                                   **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention, except for one query position against grouped key/value
+    heads with a ``(batch, 1, 1, keys)`` mask (a decode step): the query heads of each key/value
+    head attend as one block of queries, so no key or value is copied per query head."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, heads, queries, dim = query.shape
+    kv_heads = key.shape[1]
+    if (queries != 1 or heads == kv_heads or attention_mask is None
+            or attention_mask.shape[1:3] != (1, 1) or kwargs.get("dropout", 0.0)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        grouped, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"))
+    return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+
+
+def _use_grouped_query_attention(model: torch.nn.Module) -> None:
+    """Switch ``model`` (SDPA) to `grouped_query_decode_attention` (registered once)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(GROUPED_ATTENTION, grouped_query_decode_attention)
+    model.set_attn_implementation(GROUPED_ATTENTION)

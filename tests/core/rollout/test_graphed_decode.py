@@ -1,0 +1,129 @@
+"""Graft's own static-cache decode loop (``rollout.decode_compile=cudagraphs``), on CPU: the same
+step it replays from a CUDA graph on a GPU, run eagerly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from graft.rollout import SamplingSpec
+from graft.rollout.graphed_decode import GraphedDecoder, _top_p, decodes_with_graphs
+
+PAD = 0
+
+
+def tiny_llama(attention: str, vocab_size: int = 96) -> torch.nn.Module:
+    config = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=vocab_size,
+                                  attn_implementation=attention)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def assert_own_log_probs(model, prompts, tokens, logprobs, temperature: float,
+                         eos: int | None = None) -> None:
+    """Each row's log-probs are those of one unpadded forward of its whole sequence (no cache),
+    up to its EOS; after it, padding with log-prob 0."""
+    for prompt, row, row_logprobs in zip(prompts, tokens, logprobs, strict=True):
+        end = row.tolist().index(eos) + 1 if eos in row.tolist() else len(row)
+        sequence = torch.tensor([prompt + row[:end].tolist()])
+        with torch.no_grad():
+            logits = model(input_ids=sequence).logits[0, len(prompt) - 1:-1].float() / temperature
+        expected = logits.log_softmax(-1).gather(-1, row[:end, None]).squeeze(-1)
+        torch.testing.assert_close(row_logprobs[:end], expected, rtol=0, atol=2e-5)
+        assert (row[end:] == PAD).all() and (row_logprobs[end:] == 0).all()
+
+
+def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_log_probs_are_the_models_own_for_every_left_padded_row(attention: str) -> None:
+    model = tiny_llama(attention)
+    assert decodes_with_graphs(model)
+    prompts = [[5, 6, 7, 8, 9], [11, 12], [20, 21, 22]]
+    decoder = GraphedDecoder(model, pad_token_id=PAD, eos_token_id=None, use_graphs=False)
+    torch.manual_seed(1)
+    tokens, logprobs = decoder.generate(*left_pad(prompts), SamplingSpec(0.8, 1.0, 12))
+    assert tokens.shape == logprobs.shape == (3, 12)
+    assert_own_log_probs(model, prompts, tokens, logprobs, 0.8)
+    if attention == "sdpa":  # decode steps attend with grouped queries
+        assert model.config._attn_implementation == "graft_grouped_query_decode"
+
+
+def test_finished_rows_leave_the_batch_and_the_others_keep_their_own_log_probs() -> None:
+    model = tiny_llama("sdpa", vocab_size=12)
+    eos = 3  # one token in 12: most rows end within a few dozen steps
+    prompts = [[5 + i % 6, 6, 7 + i % 3][: 1 + i % 3] for i in range(16)]
+    decoder = GraphedDecoder(model, pad_token_id=PAD, eos_token_id=eos, use_graphs=False,
+                             check_every=2, min_batch=2)
+    torch.manual_seed(4)
+    tokens, logprobs = decoder.generate(*left_pad(prompts), SamplingSpec(1.5, 1.0, 48))
+    assert len(decoder.batch_sizes) > 2 and decoder.batch_sizes[0] == 16
+    assert decoder.batch_sizes == sorted(decoder.batch_sizes, reverse=True)
+    assert_own_log_probs(model, prompts, tokens, logprobs, 1.5, eos=eos)
+
+
+def test_a_finished_row_is_padded_and_all_finished_stops_early() -> None:
+    model = tiny_llama("sdpa")
+    ids, mask = left_pad([[5, 6, 7], [30, 31, 32]])
+    spec = SamplingSpec(1.0, 1.0, 40)
+    torch.manual_seed(2)
+    first, _ = GraphedDecoder(model, pad_token_id=PAD, eos_token_id=None,
+                              use_graphs=False).generate(ids, mask, spec)
+    eos = int(first[0, 2])  # row 0 emits it at step 3 with the same generator state
+    decoder = GraphedDecoder(model, pad_token_id=PAD, eos_token_id=eos, use_graphs=False,
+                             check_every=1)
+    torch.manual_seed(2)
+    tokens, logprobs = decoder.generate(ids, mask, spec)
+    end = first[0].tolist().index(eos)
+    assert tokens[0, :end + 1].tolist() == first[0, :end + 1].tolist()
+    assert (tokens[0, end + 1:] == PAD).all() and (logprobs[0, end + 1:] == 0).all()
+    finished_at = [row.index(eos) if eos in row else None for row in tokens.tolist()]
+    if None not in finished_at:  # both rows ended: no step after the last one's EOS
+        assert tokens.shape[1] == max(finished_at) + 1
+
+
+def test_one_row_that_finishes_stops_the_loop() -> None:
+    model = tiny_llama("sdpa")
+    ids, mask = left_pad([[5, 6, 7]])
+    torch.manual_seed(3)
+    first, _ = GraphedDecoder(model, pad_token_id=PAD, eos_token_id=None,
+                              use_graphs=False).generate(ids, mask, SamplingSpec(1.0, 1.0, 4))
+    decoder = GraphedDecoder(model, pad_token_id=PAD, eos_token_id=int(first[0, 0]),
+                             use_graphs=False, check_every=1)
+    torch.manual_seed(3)
+    tokens, _ = decoder.generate(ids, mask, SamplingSpec(1.0, 1.0, 30))
+    assert tokens.tolist() == [[int(first[0, 0])]]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    scores = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    kept = _top_p(scores, 0.7).isfinite()
+    assert kept.tolist() == [[True, True, False, False]]
+    assert _top_p(scores, 0.1).isfinite().tolist() == [[True, False, False, False]]
+
+
+def test_sliding_window_models_keep_transformers_path() -> None:
+    config = AutoConfig.for_model("mistral", hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, vocab_size=96, sliding_window=16)
+    assert not decodes_with_graphs(AutoModelForCausalLM.from_config(config))
+
+
+def test_graft_train_with_the_graphed_loop_matches_its_own_log_probs(graft_train, metrics_of,
+                                                                     tmp_path: Path) -> None:
+    graft_train(tmp_path, "trainer.total_steps=2", "rollout.prompts_per_step=4", "rollout.n=4",
+                "checkpoint.every_steps=0", "export.hf_at_end=false", "rollout.decode=static",
+                "rollout.decode_compile=cudagraphs")
+    metrics = metrics_of(tmp_path)
+    assert len(metrics) == 2
+    assert all(m["train_infer_logprob_diff"] < 1e-5 for m in metrics)
