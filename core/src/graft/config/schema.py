@@ -187,8 +187,8 @@ class RolloutConfig:
     max_new_tokens: int = 8
     # embedded only. dynamic: the trained (sharded) model generates with a growing KV cache.
     # static: a plain copy of the weights in the compute dtype (refreshed after every update)
-    # generates with a static KV cache (for models transformers compiles whole); transformers
-    # compiles its decode step (CUDA graphs) on GPU and no rank waits for another.
+    # generates with a static KV cache (for models transformers compiles whole), its decode step
+    # run as decode_compile says; no rank waits for another.
     decode: str = choice("dynamic", ("dynamic", "static"))
     # static decode: how its decode step runs. cudagraphs: Graft's own loop replays the eager
     # step from a CUDA graph (eager on CPU), drops finished rows from the batch, the trainer's

@@ -165,8 +165,8 @@ class WeightExporter:
 
     A full export whose handlers pass every parameter through, or slice it into views tiling it,
     for the sink's consumer follows a bucket layout computed once per consumer
-    (`graft.export.copy_plan`); any other export
-    streams parameter by parameter, in the layout of the sink's consumer (``sink.consumer``).
+    (`graft.export.copy_plan`); any other export streams parameter by parameter, in the layout
+    of the sink's consumer (``sink.consumer``).
     """
 
     def __init__(self, model: torch.nn.Module, *, bucket_bytes: int, dtype: torch.dtype | None,
