@@ -41,14 +41,16 @@ SHAPES_1B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers"
 VARIANTS = {
     "before": ["algorithm.old_logprobs=always", "rollout.decode=dynamic"],
     "skip": ["algorithm.old_logprobs=auto", "rollout.decode=dynamic"],
-    "static": ["algorithm.old_logprobs=auto", "rollout.decode=static"],
+    "static": ["algorithm.old_logprobs=auto", "rollout.decode=static",
+               "rollout.decode_compile=inductor"],
     "static-cudagraphs": ["algorithm.old_logprobs=auto", "rollout.decode=static",
                           "rollout.decode_compile=cudagraphs"],
     "rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
-             "engine.max_tokens_per_row=2048"],
+             "rollout.decode_compile=inductor", "engine.max_tokens_per_row=2048"],
     "graphs-rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
                     "rollout.decode_compile=cudagraphs", "engine.max_tokens_per_row=2048"],
     "flex": ["algorithm.old_logprobs=auto", "rollout.decode=static",
+             "rollout.decode_compile=inductor",
              "model.attn_implementation=flex_attention"],
 }
 

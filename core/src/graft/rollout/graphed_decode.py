@@ -100,6 +100,8 @@ class GraphedDecoder:
             return empty.long(), empty
         length = prompt_length + spec.max_new_tokens
         state = self._state(batch, length, ids.device)
+        for size in self._smaller_batches(batch):  # captured now, not in the middle of a rollout
+            self._state(size, length, ids.device)
         rows = torch.arange(batch, device=ids.device)  # the original row of each state row
         temperature = torch.full((batch,), spec.temperature, device=ids.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
@@ -127,6 +129,11 @@ class GraphedDecoder:
             state.tokens.copy_(token[:, None])
             logits = self._decode(state)
         return tokens[:, :step + 1], logprobs[:, :step + 1]
+
+    def _smaller_batches(self, batch: int) -> list[int]:
+        """The batch sizes rows of a ``batch`` can move to as they finish (`_rows_to_keep`)."""
+        sizes = {max(self.min_batch, 1 << power) for power in range(batch.bit_length())}
+        return sorted(size for size in sizes if 2 * size <= batch)
 
     def _rows_to_keep(self, finished: torch.Tensor, remaining: int) -> torch.Tensor | None:
         """The rows of a smaller batch (the unfinished ones first, finished ones filling it up
