@@ -190,11 +190,15 @@ class RolloutConfig:
     # generates with a static KV cache (for models transformers compiles whole), its decode step
     # run as decode_compile says; no rank waits for another.
     decode: str = choice("dynamic", ("dynamic", "static"))
-    # static decode: how its decode step runs. cudagraphs: Graft's own loop replays the eager
-    # step from a CUDA graph (eager on CPU), drops finished rows from the batch, the trainer's
-    # numerics (models with sliding-window attention: transformers' compile, cudagraphs
-    # backend); inductor: transformers' compiled step, fused kernels (on an H200 2.6x slower
-    # here and rounding differently from the trainer's forward); none: transformers, eager.
+    # static decode: how its decode step runs.
+    # cudagraphs: Graft's own loop replays the eager step from a CUDA graph (eager on CPU) and
+    #   drops finished rows from the batch, with the trainer's numerics; its KV caches and graphs
+    #   stay allocated between rollouts (about twice batch x (prompt + max_new_tokens) keys and
+    #   values per layer). Models with sliding-window attention: transformers' compiled step,
+    #   cudagraphs backend.
+    # inductor: transformers' compiled step, fused kernels (2.6x slower than cudagraphs on an
+    #   H200 in bench/README.md, rounding differently from the trainer's forward).
+    # none: transformers, eager.
     decode_compile: str = choice("cudagraphs", ("cudagraphs", "inductor", "none"))
     # vLLM only: fraction of GPU memory for weights and KV cache; context length.
     gpu_memory_utilization: float = 0.3

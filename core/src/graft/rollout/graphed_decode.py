@@ -25,6 +25,11 @@ head, as transformers' SDPA path does when a mask is given.
 Only for models whose attention is full and causal over one static cache (``layer_types`` all
 ``full_attention``, no sliding window): others keep transformers' path
 (`decodes_with_graphs`).
+
+Memory: the caches of one cache length (the full batch's and the smaller batches', about twice
+``batch x length`` keys and values per layer) and their graphs stay allocated between rollouts,
+through the update, so the next rollout replays without capturing again; a rollout of another
+length lets them go.
 """
 
 from __future__ import annotations
