@@ -42,6 +42,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import export as export_bench  # noqa: E402  (bench/export.py: rates, timing, hand-off sink)
 import gpt_oss  # noqa: E402  (bench/gpt_oss.py: shapes, the Graft engine, FLOPs)
+import timing  # noqa: E402
 
 # Profiler events of the all-to-all: NCCL's kernel on GPU; on CPU the gloo calls and the waits
 # on their results (functional collectives, which only the expert dispatch uses here).
@@ -75,7 +76,7 @@ def all_to_all_share(step, device: torch.device, step_s: float) -> float:
     activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
     with profile(activities=activities) as prof:
         step()
-        gpt_oss.sync(device)
+        timing.sync(device)
     total_us = 0.0
     markers = ALL_TO_ALL_EVENTS[device.type]
     for event in prof.key_averages():
@@ -106,7 +107,7 @@ def step_row(ep: int, shapes: dict[str, Any], tokens: int, args, device) -> tupl
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model, step = gpt_oss.graft_engine(shapes, tokens, device, args.attn, ep=ep)
-    seconds = gpt_oss.timed(step, warmup=args.warmup, steps=args.steps, device=device)
+    seconds = timing.timed(step, warmup=args.warmup, steps=args.steps, device=device)
     seconds = max_over_ranks(seconds, device)
     share = max_over_ranks(all_to_all_share(step, device, seconds), device) if ep > 1 else 0.0
     world = dist.get_world_size()
@@ -165,7 +166,7 @@ def export_rows_for(model: torch.nn.Module, ep: int, device: torch.device, args)
             print(json.dumps(row), flush=True)
         rows.append(row)
         del exporter, sink
-        gpt_oss.release(device)
+        timing.release(device)
     return rows
 
 
@@ -228,7 +229,7 @@ def main() -> None:
         result["steps"].append(row)
         result["exports"] += export_rows_for(model, ep, device, args)
         del model
-        gpt_oss.release(device)
+        timing.release(device)
     if env.is_main:
         report(result, args.out)
 

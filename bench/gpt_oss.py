@@ -32,7 +32,6 @@ transformers has no SDPA path for them), one ``--tokens`` sequence per step, EP=
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import time
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from timing import release, timed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import export as export_bench  # noqa: E402  (bench/export.py: rates, timing, hand-off sink)
@@ -146,27 +146,10 @@ def graft_engine(shapes: dict[str, Any], tokens: int, device: torch.device, attn
     return engine.model, step
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
-def timed(step, *, warmup: int, steps: int, device: torch.device) -> float:
-    """Mean seconds per step after ``warmup`` steps."""
-    for _ in range(warmup):
-        step()
-    sync(device)
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync(device)
-    return (time.perf_counter() - started) / steps
 
 
-def release(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def measure_step(name: str, build, shapes: dict[str, Any], tokens: int, args, device) -> tuple[dict, Any]:

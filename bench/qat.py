@@ -27,9 +27,9 @@ import argparse
 import gc
 import json
 import time
-from collections.abc import Callable
 
 import torch
+from timing import timed
 
 STEP_LAYERS = ["compressed_sparse_attention", "heavily_compressed_attention"] * 2
 V4_FIELDS = ("hidden_size", "moe_intermediate_size", "num_attention_heads", "num_key_value_heads",
@@ -46,21 +46,8 @@ VARIANTS = {
 }
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable[[], object], *, warmup: int, steps: int, device: torch.device) -> float:
-    """Mean seconds per call after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    started = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    sync(device)
-    return (time.perf_counter() - started) / steps
 
 
 def v4_shapes(layers: int, experts: int) -> dict:

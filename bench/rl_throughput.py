@@ -27,6 +27,7 @@ from statistics import mean
 from typing import Any
 
 import torch
+from timing import sync
 
 from graft.config import compose
 from graft.engine.micro_batch import TokenSample
@@ -72,9 +73,6 @@ def parameters(trainer: Trainer) -> int:
     return sum(p.numel() for p in trainer.engine.model.parameters())
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def sft_step_seconds(trainer: Trainer, lengths: list[int], prompt: int, repeats: int) -> float:

@@ -27,10 +27,12 @@ import gc
 import json
 import tempfile
 import time
+from functools import partial
 from statistics import mean, median
 from typing import Any
 
 import torch
+from timing import timed
 
 from graft.config import compose
 from graft.engine.distributed import init_distributed, shutdown_distributed
@@ -58,20 +60,8 @@ def overrides(shapes: dict[str, int]) -> list[str]:
     return [f"+model.overrides.{name}={value}" for name, value in fields.items()]
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
-def timed(run: Any, device: torch.device, steps: int) -> float:
-    """Seconds per call of ``run`` after one warm-up call."""
-    run()
-    sync(device)
-    started = time.perf_counter()
-    for _ in range(steps):
-        run()
-    sync(device)
-    return (time.perf_counter() - started) / steps
 
 
 def overhead(args: argparse.Namespace) -> dict[str, Any]:
@@ -102,16 +92,17 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
     rounds: dict[str, list[float]] = {"native": [], "replay": [], "plain_no_grad": [],
                                       "record": []}
     metrics: dict[str, float] = {}
+    seconds = partial(timed, warmup=1, steps=args.steps, device=env.device)
     for _ in range(args.rounds):
         stop_session()
         for name in (ROUTES, VALID):  # the last round's records: native passes carry none
             batch[0].tensors.pop(name, None)
-        rounds["native"].append(timed(forward_backward, env.device, args.steps))
-        rounds["plain_no_grad"].append(timed(no_grad_pass, env.device, args.steps))
+        rounds["native"].append(seconds(forward_backward))
+        rounds["plain_no_grad"].append(seconds(no_grad_pass))
         start_session(engine.model, "R2")
         hook.graft_step_begin(step=1)
-        rounds["record"].append(timed(no_grad_pass, env.device, args.steps))  # keeps the routes
-        rounds["replay"].append(timed(forward_backward, env.device, args.steps))
+        rounds["record"].append(seconds(no_grad_pass))  # keeps the routes
+        rounds["replay"].append(seconds(forward_backward))
         hook.graft_step_end(step=1, metrics=metrics)
     stop_session()
     result = {name: median(values) for name, values in rounds.items()}

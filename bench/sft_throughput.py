@@ -24,6 +24,7 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
+from timing import timed
 
 SHAPES_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
              "head_dim": 128,
@@ -38,20 +39,8 @@ def model_flops(num_params: int, shapes: dict, tokens: int) -> float:
     return 6 * num_params * tokens + 6 * shapes["num_hidden_layers"] * shapes["hidden_size"] * tokens**2
 
 
-def timed(step: Callable[[], None], *, warmup: int, steps: int, device: torch.device) -> float:
-    for _ in range(warmup):
-        step()
-    sync(device)
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync(device)
-    return (time.perf_counter() - started) / steps
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def plain_loop(shapes: dict, tokens: int, checkpointing: bool, device: torch.device):

@@ -23,6 +23,16 @@ def move_routers(routers, seed: int = 5) -> None:
             router.weight.add_(torch.randn(router.weight.shape, generator=generator) * 0.5)
 
 
+def record_then_move_routers(run, batch) -> list[torch.nn.Module]:
+    """Record ``batch``'s routes (an old-log-prob pass), then move the routers: native routing
+    no longer matches the record. Returns the routers."""
+    routers = run.family.router_modules(run.model)
+    with torch.no_grad():
+        run.forward(batch, "old_logprobs")
+    move_routers(routers)
+    return routers
+
+
 @pytest.mark.parametrize("preset", FAMILIES)
 def test_r2_replay_with_unchanged_weights_is_bit_identical(replayable, observe, preset: str) -> None:
     run = replayable(preset)
@@ -80,11 +90,8 @@ def test_replay_forces_the_recorded_experts_after_the_routers_moved(replayable, 
 
 def test_rows_with_a_repeated_expert_route_natively(replayable, observe) -> None:
     run = replayable("tiny-qwen3-moe")
-    routers = run.family.router_modules(run.model)
     batch = run.batch()
-    with torch.no_grad():
-        run.forward(batch, "old_logprobs")
-    move_routers(routers)
+    routers = record_then_move_routers(run, batch)
     flat = batch.tensors[ROUTES].view(-1, 2, 2)
     duplicated = torch.tensor([3, 17, 30])
     flat[duplicated, 0] = 5  # layer 0 of these tokens names expert 5 twice
@@ -131,11 +138,8 @@ def test_a_top_1_model_replays_and_rows_without_a_route_route_natively(replayabl
 
 def test_checkpoint_recompute_replays_the_same_layers(replayable, observe) -> None:
     run = replayable("tiny-qwen3-moe")
-    routers = run.family.router_modules(run.model)
     batch = run.batch()
-    with torch.no_grad():
-        run.forward(batch, "old_logprobs")
-    move_routers(routers)
+    routers = record_then_move_routers(run, batch)
 
     def gradients() -> dict[str, torch.Tensor]:
         run.model.zero_grad()

@@ -20,7 +20,7 @@ import torch
 from graft.export.bucket import Bucket, aligned, copy_tensors
 from graft.export.context import HF_LAYOUT, ExportContext
 from graft.export.gather import gather_rows_into, gathers_rows_directly, is_sharded, local_tensor
-from graft.export.handlers import exported_entries, meta_skeleton, passes_through, tiling_slots
+from graft.export.handlers import exported_entries, meta_skeleton, tiling_slots
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,7 @@ def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: 
         nbytes = value.numel() * exported.itemsize
         if (is_sharded(value) and not gathers_rows_directly(value)) or nbytes > bucket_bytes:
             return None
-        slots = ([(name, shape, 0)] if passes_through(name, shape, exported, ctx)
-                 else tiling_slots(name, shape, exported, ctx))
+        slots = tiling_slots(name, shape, exported, ctx)  # a pass-through is one whole tile
         if slots is None:
             return None
         start = aligned(used)

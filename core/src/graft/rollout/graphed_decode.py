@@ -108,7 +108,6 @@ class GraphedDecoder:
         for size in self._smaller_batches(batch):  # captured now, not in the middle of a rollout
             self._state(size, length, ids.device)
         rows = torch.arange(batch, device=ids.device)  # the original row of each state row
-        temperature = torch.full((batch,), spec.temperature, device=ids.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
         tokens = torch.full((batch, spec.max_new_tokens), self.pad_token_id, dtype=torch.long,
                             device=ids.device)
@@ -116,7 +115,7 @@ class GraphedDecoder:
         self.batch_sizes = [batch]
         logits = self._prefill(state, ids, mask)
         for step in range(spec.max_new_tokens):
-            token, logprob = self._sample(logits, temperature, spec, finished)
+            token, logprob = self._sample(logits, spec, finished)
             tokens[rows, step] = token
             logprobs[rows, step] = logprob
             if step + 1 == spec.max_new_tokens:
@@ -128,8 +127,7 @@ class GraphedDecoder:
                 keep = self._rows_to_keep(finished, remaining)
                 if keep is not None:
                     state = self._compact(state, keep, length)
-                    rows, finished, temperature, token = (
-                        rows[keep], finished[keep], temperature[keep], token[keep])
+                    rows, finished, token = rows[keep], finished[keep], token[keep]
                     self.batch_sizes.append(len(keep))
             state.tokens.copy_(token[:, None])
             logits = self._decode(state)
@@ -160,7 +158,7 @@ class GraphedDecoder:
         smaller.slot.copy_(state.slot)
         return smaller
 
-    def _sample(self, logits: torch.Tensor, temperature: torch.Tensor, spec: SamplingSpec,
+    def _sample(self, logits: torch.Tensor, spec: SamplingSpec,
                 finished: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row from ``logits / temperature`` (top-p when below 1), its log-prob
         under the unfiltered distribution (the trainer's), padding for finished rows."""
@@ -168,7 +166,8 @@ class GraphedDecoder:
         if spec.top_p < 1.0:
             scores = _top_p(scores, spec.top_p)
         token = torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(1)
-        logprob = token_logprobs(logits, token, temperature)
+        logprob = token_logprobs(logits, token, finished.new_full(finished.shape, spec.temperature,
+                                                                  dtype=torch.float32))
         token = torch.where(finished, self.pad_token_id, token)
         logprob = torch.where(finished, 0.0, logprob)
         if self.eos_token_id is not None:
