@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -259,10 +259,8 @@ class WeightExporter:
                 self._send_delta(sink, entry, stats)
                 return
             # a new or wholly changed tensor travels like a full export's, in the bucket
-        if not self.bucket.add(name, tensor, defer=is_view):
-            self._flush(sink, stats)
-            if not self.bucket.add(name, tensor, defer=is_view):  # larger than a bucket
-                self._deliver(sink, [(name, tensor)], stats)
+        self._pack(sink, stats, lambda: self.bucket.add(name, tensor, defer=is_view),
+                   lambda: self._deliver(sink, [(name, tensor)], stats))
 
     def _route_rows(self, sink: WeightSink | None, block: RowBlock, stats: ExportStats) -> None:
         if self.tracker is not None:
@@ -275,10 +273,17 @@ class WeightExporter:
             # the first export of this tensor: every block travels like a full export's
         rows = (block.row_offset, block.full_shape)
         # a block may be a reused receive buffer: copied now, never deferred
-        if not self.bucket.add(block.name, block.values, rows=rows):
+        self._pack(sink, stats, lambda: self.bucket.add(block.name, block.values, rows=rows),
+                   lambda: self._deliver(sink, [], stats, blocks=[block]))
+
+    def _pack(self, sink: WeightSink | None, stats: ExportStats, add: Callable[[], bool],
+              send_alone: Callable[[], None]) -> None:
+        """``add`` an entry to the bucket; when it is full, hand the bucket over and add again;
+        an entry larger than a bucket goes to the sink on its own (``send_alone``)."""
+        if not add():
             self._flush(sink, stats)
-            if not self.bucket.add(block.name, block.values, rows=rows):  # larger than a bucket
-                self._deliver(sink, [], stats, blocks=[block])
+            if not add():
+                send_alone()
 
     def _send_delta(self, sink: WeightSink | None, entry: DeltaEntry, stats: ExportStats) -> None:
         if not isinstance(sink, DeltaSink):
