@@ -7,8 +7,9 @@ tokens each, GRPO with token-mean, FSDP2 on one GPU. One run per ``--variants`` 
 before = the old-log-prob pass every step and the dynamic-cache decode; skip = the on-policy
 skip; static = plus the static-cache decode copy, compiled by inductor (static-cudagraphs:
 Graft's own decode loop replaying the eager decode step from a CUDA graph); rows = static plus
-packed rows of at most 2048 tokens; graphs-rows = static-cudagraphs plus those rows; flex =
-static plus FlexAttention for packed rows),
+packed rows of at most 2048 tokens; graphs-rows = static-cudagraphs plus those rows; fused-rows
+= graphs-rows with the step's kernels fused by inductor, eager rounding kept (the default); flex
+= static plus FlexAttention for packed rows),
 then an SFT step through the last variant's engine on samples of the RL batch's lengths. The
 first step (warm-up) is left out of the averages.
 
@@ -45,11 +46,16 @@ VARIANTS = {
     "static": ["algorithm.old_logprobs=auto", "rollout.decode=static",
                "rollout.decode_compile=inductor"],
     "static-cudagraphs": ["algorithm.old_logprobs=auto", "rollout.decode=static",
-                          "rollout.decode_compile=cudagraphs"],
+                          "rollout.decode_compile=cudagraphs",
+                          "rollout.decode_fuse_kernels=false"],
     "rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
              "rollout.decode_compile=inductor", "engine.max_tokens_per_row=2048"],
     "graphs-rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
-                    "rollout.decode_compile=cudagraphs", "engine.max_tokens_per_row=2048"],
+                    "rollout.decode_compile=cudagraphs", "rollout.decode_fuse_kernels=false",
+                    "engine.max_tokens_per_row=2048"],
+    "fused-rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
+                   "rollout.decode_compile=cudagraphs", "rollout.decode_fuse_kernels=true",
+                   "engine.max_tokens_per_row=2048"],
     "flex": ["algorithm.old_logprobs=auto", "rollout.decode=static",
              "rollout.decode_compile=inductor",
              "model.attn_implementation=flex_attention"],
@@ -140,7 +146,7 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS),
                         default=["before", "skip", "static", "static-cudagraphs", "rows",
-                                 "graphs-rows"])
+                                 "graphs-rows", "fused-rows"])
     parser.add_argument("--override", nargs="*", default=[], help="more config overrides")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", default=None)

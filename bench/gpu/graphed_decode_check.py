@@ -1,11 +1,17 @@
 """GPU check of Graft's graphed decode loop (`graft.rollout.graphed_decode`): the decode step
 replayed from a CUDA graph samples the same tokens with the same log-probs as the same step run
-eagerly (same generator state), one graph per (batch, cache length), reused across calls.
+eagerly (same generator state), one graph per (batch, cache length, attended length), reused
+across calls.
 
 A TinyLlama-1.1B-shaped Llama (random bf16 weights, SDPA), 64 left-padded prompts of 8-40
 tokens, 64 new tokens; a small Llama with a 12-token vocabulary whose rows end early (EOS is
 one token in 12), so the batch shrinks as they finish: same tokens, log-probs and batch sizes;
 then the per-token time of both at 256 prompts of the large one.
+
+The same with the step fused by inductor (``fuse_kernels``, emulate_precision_casts): how many of
+its tokens and log-probs equal the eager step's, how far both are from a full forward of the
+same sequences without a cache (what the trainer computes), its compile time, kernels per step,
+and one replay's time at each batch size the loop shrinks to.
 
     python3 bench/gpu/graphed_decode_check.py --out $OUT/graphed_decode_check.json
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import defaultdict
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -57,16 +64,88 @@ def shrinking_check() -> dict:
     ids = torch.randint(4, 12, (64, 6), generator=torch.Generator().manual_seed(1)).cuda()
     mask = torch.ones_like(ids)
     outputs = {}
-    for name, graphs in (("graphed", True), ("eager", False)):
+    for name, graphs, fuse in (("graphed", True, False), ("fused", True, True),
+                               ("eager", False, False)):
         decoder = GraphedDecoder(model, pad_token_id=0, eos_token_id=3, use_graphs=graphs,
-                                 check_every=4)
+                                 fuse_kernels=fuse, check_every=4)
         tokens, logprobs, _ = run(decoder, ids, mask, SamplingSpec(1.0, 1.0, 96), seed=3)
         outputs[name] = (tokens, logprobs, decoder.batch_sizes)
-    (g_tokens, g_logprobs, g_sizes), (e_tokens, e_logprobs, e_sizes) = outputs.values()
+    (g_tokens, g_logprobs, g_sizes), fused, (e_tokens, e_logprobs, e_sizes) = outputs.values()
     return {"same_tokens": bool(torch.equal(g_tokens, e_tokens)),
             "same_logprobs": bool(torch.equal(g_logprobs, e_logprobs)),
             "batch_sizes": g_sizes, "same_batch_sizes": g_sizes == e_sizes,
-            "steps": g_tokens.shape[1]}
+            "steps": g_tokens.shape[1],
+            "fused_against_eager": agreement(fused[0], fused[1], e_tokens, e_logprobs),
+            "fused_batch_sizes": fused[2]}
+
+
+def full_forward_logprobs(model, ids, mask, tokens) -> torch.Tensor:
+    """Log-probs of ``tokens`` from one forward of prompt + tokens without a cache."""
+    sequence = torch.cat([ids, tokens], dim=1)
+    attend = torch.cat([mask, torch.ones_like(tokens)], dim=1)
+    positions = (attend.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=sequence, attention_mask=attend,
+                       position_ids=positions).logits[:, ids.shape[1] - 1:-1].float()
+    return logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
+
+
+def agreement(tokens, logprobs, other_tokens, other_logprobs) -> dict:
+    """Where two runs sampled the same tokens so far: how many log-probs are equal, how far."""
+    same_so_far = (tokens == other_tokens).long().cumprod(dim=1).bool()
+    diff = (logprobs - other_logprobs).abs()[same_so_far]
+    return {"same_tokens": bool(torch.equal(tokens, other_tokens)),
+            "tokens_before_first_difference": int(same_so_far.sum()),
+            "equal_logprob_fraction": float((diff == 0).float().mean()),
+            "max_logprob_diff": float(diff.max())}
+
+
+def step_kernels(decoder: GraphedDecoder, state, top: int = 20) -> dict:
+    """The CUDA kernels one decode step launches, run outside its graph (torch.profiler): their
+    count, total microseconds and the ``top`` kernels by total time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    attended = max(state.graphs)
+    decoder._reset(state)
+    decoder._run_step(state, attended)  # warm
+    decoder._reset(state)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        decoder._run_step(state, attended)
+        torch.cuda.synchronize()
+    decoder._reset(state)
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            by_name[event.name][0] += 1
+            by_name[event.name][1] += event.device_time
+    ordered = sorted(by_name.items(), key=lambda item: -item[1][1])
+    return {"kernels": sum(count for count, _ in by_name.values()),
+            "kernel_us": round(sum(us for _, us in by_name.values()), 1),
+            "top": [{"name": name[:90], "count": count, "us": round(us, 1)}
+                    for name, (count, us) in ordered[:top]]}
+
+
+def replay_ms(decoder: GraphedDecoder, repeats: int = 100) -> dict[str, float]:
+    """Milliseconds per graph replay for each batch size the decoder holds graphs for, at its
+    shortest and longest attended length (``"batch/attended"``)."""
+    times = {}
+    for (batch, _), state in sorted(decoder._states.items()):
+        for attended in (min(state.graphs), max(state.graphs)):
+            graph = state.graphs[attended]
+            decoder._reset(state)
+            for _ in range(10):
+                graph.replay()
+            decoder._reset(state)
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            for _ in range(repeats):
+                graph.replay()
+            torch.cuda.synchronize()
+            times[f"{batch}/{attended}"] = round(1000 * (time.perf_counter() - started) / repeats,
+                                                 3)
+            decoder._reset(state)
+    return times
 
 
 def main() -> None:
@@ -77,6 +156,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).cuda().eval()
     graphed = GraphedDecoder(model, pad_token_id=0, eos_token_id=2, use_graphs=True)
+    fused = GraphedDecoder(model, pad_token_id=0, eos_token_id=2, use_graphs=True,
+                           fuse_kernels=True)
     eager = GraphedDecoder(model, pad_token_id=0, eos_token_id=2, use_graphs=False)
     generator = torch.Generator().manual_seed(0)
     ids, mask = prompts(64, generator)
@@ -90,21 +171,45 @@ def main() -> None:
               "same_logprobs": bool(torch.equal(g_logprobs, e_logprobs)),
               "max_logprob_diff": float((g_logprobs - e_logprobs).abs().max()),
               "repeat_same_tokens": bool(torch.equal(again, g_tokens)),
-              "graphs_captured": sum(s.graph is not None for s in graphed._states.values())}
+              "graphs_captured": sum(len(s.graphs) for s in graphed._states.values())}
+    f_tokens, f_logprobs, first_call_s = run(fused, ids, mask, spec, seed=1)
+    _, _, second_call_s = run(fused, ids, mask, spec, seed=1)
+    result["fused"] = {
+        "first_call_s (compile, captures)": round(first_call_s, 1),
+        "second_call_s": round(second_call_s, 3),
+        "against_eager": agreement(f_tokens, f_logprobs, e_tokens, e_logprobs),
+        "full_forward_mean_abs_diff": {
+            "eager_step": float((full_forward_logprobs(model, ids, mask, e_tokens)
+                                 - e_logprobs).abs().mean()),
+            "fused_step": float((full_forward_logprobs(model, ids, mask, f_tokens)
+                                 - f_logprobs).abs().mean())}}
+    write(args.out, result)
     result["shrinking"] = shrinking_check()
+    write(args.out, result)
     ids, mask = prompts(256, generator)
     spec = SamplingSpec(1.0, 1.0, 256)
     timings = {}
-    for name, decoder in (("graphed", graphed), ("eager", eager)):
+    for name, decoder in (("graphed", graphed), ("fused", fused), ("eager", eager)):
         run(decoder, ids, mask, spec, seed=2)  # warm-up (capture)
         tokens, _, seconds = run(decoder, ids, mask, spec, seed=2)
         timings[name] = {"seconds": round(seconds, 3), "steps": tokens.shape[1],
                          "ms_per_step": round(1000 * seconds / tokens.shape[1], 3),
                          "rows_x_steps_per_s": round(tokens.numel() / seconds)}
     result["batch_256"] = timings
+    write(args.out, result)
+    states = sorted(fused._states.items())  # (batch, length) -> state, smallest batch first
+    result["step_kernels"] = {
+        f"{name}_batch_{states[at][0][0]}": step_kernels(decoder, states[at][1])
+        for name, decoder in (("eager", graphed), ("fused", fused)) for at in (0, -1)}
+    result["replay_ms_by_batch"] = {"graphed": replay_ms(graphed), "fused": replay_ms(fused)}
     print(json.dumps(result, indent=1))
-    if args.out:
-        with open(args.out, "w") as handle:
+    write(args.out, result)
+
+
+def write(path: str | None, result: dict) -> None:
+    """Write what is measured so far (a timeout keeps it)."""
+    if path:
+        with open(path, "w") as handle:
             json.dump(result, handle, indent=2)
 
 

@@ -52,8 +52,9 @@ def test_log_probs_are_the_models_own_for_every_left_padded_row(attention: str) 
     prompts = [[5, 6, 7, 8, 9], [11, 12], [20, 21, 22]]
     decoder = GraphedDecoder(model, pad_token_id=PAD, eos_token_id=None, use_graphs=False)
     torch.manual_seed(1)
-    tokens, logprobs = decoder.generate(*left_pad(prompts), SamplingSpec(0.8, 1.0, 12))
-    assert tokens.shape == logprobs.shape == (3, 12)
+    # 5 + 70 cache slots: the steps attend to 64 slots, then to 128 (SDPA)
+    tokens, logprobs = decoder.generate(*left_pad(prompts), SamplingSpec(0.8, 1.0, 70))
+    assert tokens.shape == logprobs.shape == (3, 70)
     assert_own_log_probs(model, prompts, tokens, logprobs, 0.8)
     if attention == "sdpa":  # decode steps attend with grouped queries
         assert model.config._attn_implementation == "graft_grouped_query_decode"
@@ -70,6 +71,29 @@ def test_finished_rows_leave_the_batch_and_the_others_keep_their_own_log_probs()
     assert len(decoder.batch_sizes) > 2 and decoder.batch_sizes[0] == 16
     assert decoder.batch_sizes == sorted(decoder.batch_sizes, reverse=True)
     assert_own_log_probs(model, prompts, tokens, logprobs, 1.5, eos=eos)
+
+
+def test_the_fused_step_samples_what_the_eager_step_does_as_the_batch_shrinks() -> None:
+    """bf16, where fusing without emulate_precision_casts would round differently (on CPU too):
+    the compiled step gives the eager step's tokens and log-probs bit for bit, from one
+    (dynamic-shape) compilation for every batch size and attended length."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_llama("sdpa", vocab_size=48).to(torch.bfloat16)
+    prompts = [[5 + i % 6, 6, 7 + i % 3][: 1 + i % 3] for i in range(8)]
+    outputs = []
+    compiled_before = counters["stats"]["unique_graphs"]
+    for fuse in (False, True):
+        decoder = GraphedDecoder(model, pad_token_id=PAD, eos_token_id=3, use_graphs=False,
+                                 fuse_kernels=fuse, check_every=2, min_batch=2)
+        torch.manual_seed(4)
+        outputs.append((*decoder.generate(*left_pad(prompts), SamplingSpec(1.5, 1.0, 80)),
+                        decoder.batch_sizes))
+    (tokens, logprobs, sizes), (fused_tokens, fused_logprobs, fused_sizes) = outputs
+    assert counters["stats"]["unique_graphs"] - compiled_before == 1
+    assert len(sizes) > 2 and fused_sizes == sizes
+    assert tokens.shape[1] > 64  # past the first attended length (64 cache slots)
+    assert torch.equal(fused_tokens, tokens) and torch.equal(fused_logprobs, logprobs)
 
 
 def test_a_finished_row_is_padded_and_the_others_run_on() -> None:

@@ -21,6 +21,7 @@ def build_embedded(*, cfg: Any, engine: Any, env: Any, tokenizer: Any) -> Any:
                            reshard_blocks=cfg.engine.reshard_after_forward,
                            static_copy_dtype=engine.compute_dtype if static else None,
                            compile_backend=cfg.rollout.decode_compile,
+                           fuse_decode_kernels=cfg.rollout.decode_fuse_kernels,
                            left_padding_exact=engine.family.left_padding_exact)
 
 

@@ -9,7 +9,8 @@ gathered (``reshard_after_forward`` off), so decoding does not all-gather every 
 (`graft.rollout.inference_copy.InferenceCopy`, refreshed after every update) generates with a
 static cache, which transformers compiles (CUDA graphs) on GPU; ranks generate independently.
 With ``rollout.decode_compile=cudagraphs`` Graft's own loop (`graft.rollout.graphed_decode`)
-replays the eager decode step from a CUDA graph instead, for models it can run.
+replays the decode step from a CUDA graph instead, for models it can run (on GPU its kernels fused
+by inductor with the eager rounding, ``rollout.decode_fuse_kernels``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class EmbeddedRollout:
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_id: int,
                  device: torch.device, reshard_blocks: bool = True,
                  static_copy_dtype: torch.dtype | None = None,
-                 compile_backend: str = "inductor", left_padding_exact: bool = True) -> None:
+                 compile_backend: str = "inductor", fuse_decode_kernels: bool = False,
+                 left_padding_exact: bool = True) -> None:
         self.model = model
         self.left_padding_exact = left_padding_exact
         self.reshard_blocks = reshard_blocks
@@ -51,7 +53,9 @@ class EmbeddedRollout:
             if compile_backend == "cudagraphs" and decodes_with_graphs(self.copy.model):
                 self.decoder = GraphedDecoder(self.copy.model, pad_token_id=pad_token_id,
                                               eos_token_id=eos_token_id,
-                                              use_graphs=device.type == "cuda")
+                                              use_graphs=device.type == "cuda",
+                                              fuse_kernels=fuse_decode_kernels
+                                              and device.type == "cuda")
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:

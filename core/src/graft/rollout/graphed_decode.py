@@ -5,8 +5,16 @@ transformers' ``generate`` pays for every token on the host: logits processors, 
 that wait for the device, a Python forward that launches every kernel again. Compiling that
 step with inductor removes the launches but fuses kernels that round differently from the
 trainer's eager forward (the train-inference mismatch grows). This loop captures the decode
-step's *eager* kernels once per (batch, cache length) in a CUDA graph and replays it, so each
+step once per (batch, cache length, attended length) in a CUDA graph and replays it, so each
 token costs one graph launch plus a few sampling kernels, with the trainer's numerics.
+
+A graph still runs every kernel the step launches: eagerly, a Llama layer is some forty (each
+RMSNorm six, rotary a dozen), and at small batches their launches, not the weights, set a step's
+time. With ``fuse_kernels`` the step is compiled by inductor first (`compile_decode_step`), with
+``emulate_precision_casts``: a fused kernel rounds to the compute dtype wherever the eager ops
+would have, so the elementwise chains become a few kernels without changing their rounding; the
+GEMMs and the attention stay the eager (aten) kernels. Reductions inside fused kernels (the
+RMSNorm mean) may still sum in another order.
 
 The step's inputs live in fixed tensors the graph reads (the last tokens, their positions, which
 cache slots hold keys); the model gets an explicit 4-D mask built from them inside the graph, so
@@ -17,24 +25,28 @@ own `token_logprobs`) run on the device; the host looks at the finished flags ev
 ``check_every`` steps to stop early. Without CUDA (tests) the same step runs eagerly.
 
 As rows finish, the loop moves the unfinished ones into a smaller batch (a power of two, its own
-cache and graph) so that finished rows stop costing compute. With SDPA, a decode step attends
+cache and graphs) so that finished rows stop costing compute. With SDPA, a decode step attends
 with grouped queries (the query heads of a key/value head as one query block,
 `grouped_query_decode_attention`) instead of copying every cached key and value once per query
-head, as transformers' SDPA path does when a mask is given.
+head, as transformers' SDPA path does when a mask is given; and only to the cache slots filled
+so far, rounded up to `CACHE_LENGTH_MULTIPLE` (one graph per such length), not to the empty end of
+the cache: on an H200 the attention was the largest single cost of a step at batch 256.
 
 Only for models whose attention is full and causal over one static cache (``layer_types`` all
 ``full_attention``, no sliding window): others keep transformers' path
 (`decodes_with_graphs`).
 
 Memory: the caches of one cache length (the full batch's and the smaller batches', about twice
-``batch x length`` keys and values per layer) and their graphs stay allocated between rollouts,
+``batch x length`` keys and values per layer) and their graphs (one memory pool) stay allocated
+between rollouts,
 through the update, so the next rollout replays without capturing again; a rollout of another
 length lets them go.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -72,15 +84,17 @@ class _DecodeState:
     positions: torch.Tensor  # (batch, 1) their rotary positions
     slot: torch.Tensor  # (1,) the cache index this step writes
     key_valid: torch.Tensor  # (batch, cache length) bool: which cache slots hold real keys
-    logits: torch.Tensor | None = None  # (batch, vocab) the step's output
-    graph: torch.cuda.CUDAGraph | None = None
+    # per attended length (`GraphedDecoder._attended_lengths`): the captured step, its output
+    graphs: dict[int, torch.cuda.CUDAGraph] = field(default_factory=dict)
+    logits: dict[int, torch.Tensor] = field(default_factory=dict)  # (batch, vocab)
 
 
 class GraphedDecoder:
     """Samples continuations of left-padded prompts from ``model`` (an unsharded inference copy)."""
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_id: int | None,
-                 use_graphs: bool, check_every: int = 16, min_batch: int = 8) -> None:
+                 use_graphs: bool, fuse_kernels: bool = False, check_every: int = 16,
+                 min_batch: int = 8) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
@@ -91,7 +105,10 @@ class GraphedDecoder:
         if self.boolean_mask:
             _use_grouped_query_attention(model)
         self.batch_sizes: list[int] = []  # the batch sizes the last `generate` decoded at
+        # compiled on the first step (the first graph's warm-up on GPU)
+        self._run_step = compile_decode_step(self._step) if fuse_kernels else self._step
         self._states: dict[tuple[int, int], _DecodeState] = {}
+        self._graph_pool = None  # one memory pool for all graphs: they never run at once
 
     @torch.no_grad()
     def generate(self, ids: torch.Tensor, mask: torch.Tensor,
@@ -130,8 +147,23 @@ class GraphedDecoder:
                     rows, finished, token = rows[keep], finished[keep], token[keep]
                     self.batch_sizes.append(len(keep))
             state.tokens.copy_(token[:, None])
-            logits = self._decode(state)
+            # this step writes cache slot prompt_length + step and attends to every slot up to it
+            logits = self._decode(state, self._attended(state, prompt_length + step + 1))
         return tokens[:, :step + 1], logprobs[:, :step + 1]
+
+    def _attended_lengths(self, cache_length: int) -> list[int]:
+        """The key lengths a decode step over a ``cache_length`` cache attends to, one graph
+        each: multiples of `CACHE_LENGTH_MULTIPLE` with the grouped-query attention (which
+        attends to the keys its mask covers), so early steps do not read the empty end of the
+        cache; the whole cache with the model's own attention."""
+        if not self.boolean_mask:
+            return [cache_length]
+        return list(range(CACHE_LENGTH_MULTIPLE, cache_length + 1, CACHE_LENGTH_MULTIPLE))
+
+    def _attended(self, state: _DecodeState, keys: int) -> int:
+        """The attended length for a step whose cache holds ``keys`` slots (padding included)."""
+        return next(length for length in self._attended_lengths(state.key_valid.shape[1])
+                    if length >= keys)
 
     def _smaller_batches(self, batch: int) -> list[int]:
         """The batch sizes rows of a ``batch`` can move to as they finish (`_rows_to_keep`)."""
@@ -191,9 +223,10 @@ class GraphedDecoder:
                 slot=torch.zeros(1, dtype=torch.long, device=device),
                 key_valid=torch.zeros((batch, length), dtype=torch.bool, device=device))
             if self.use_graphs and device.type == "cuda":
-                self._capture(state)
+                for attended in self._attended_lengths(length):
+                    self._capture(state, attended)
             else:  # allocate the cache now (transformers does on first use): compaction copies in
-                self._step(state)
+                self._step(state, length)
                 self._reset(state)
             self._states[key] = state
         return self._states[key]
@@ -219,11 +252,12 @@ class GraphedDecoder:
         state.slot.fill_(prompt_length)
         return out.logits[:, -1]
 
-    def _step(self, state: _DecodeState) -> torch.Tensor:
-        """One decode step from the state's fixed tensors (what the graph records)."""
+    def _step(self, state: _DecodeState, attended: int) -> torch.Tensor:
+        """One decode step from the state's fixed tensors (what a graph records), attending to
+        the first ``attended`` cache slots."""
         state.key_valid.index_fill_(1, state.slot, True)
         out = self.model(input_ids=state.tokens,
-                         attention_mask=self._mask(state.key_valid[:, None, None, :]),
+                         attention_mask=self._mask(state.key_valid[:, None, None, :attended]),
                          position_ids=state.positions, past_key_values=state.cache,
                          use_cache=True)
         state.slot.add_(1)
@@ -237,26 +271,28 @@ class GraphedDecoder:
         return torch.zeros(attend.shape, dtype=self.model.dtype, device=attend.device).masked_fill(
             ~attend, torch.finfo(self.model.dtype).min)
 
-    def _decode(self, state: _DecodeState) -> torch.Tensor:
-        if state.graph is None:
-            return self._step(state)
-        state.graph.replay()
-        return state.logits
+    def _decode(self, state: _DecodeState, attended: int) -> torch.Tensor:
+        if attended not in state.graphs:
+            return self._run_step(state, attended)
+        state.graphs[attended].replay()
+        return state.logits[attended]
 
-    def _capture(self, state: _DecodeState) -> None:
-        """Record the decode step in a CUDA graph: a few eager runs on a side stream first
-        (lazy cache allocation, library workspaces), then the capture, then a reset (the
-        capture itself runs nothing)."""
+    def _capture(self, state: _DecodeState, attended: int) -> None:
+        """Record the decode step attending to ``attended`` slots in a CUDA graph: a few runs
+        on a side stream first (lazy cache allocation, library workspaces, compilation), then
+        the capture, then a reset (the capture itself runs nothing)."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._step(state)
+                self._run_step(state, attended)
         torch.cuda.current_stream().wait_stream(stream)
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            state.logits = self._step(state)
-        state.graph = graph
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            state.logits[attended] = self._run_step(state, attended)
+        state.graphs[attended] = graph
         self._reset(state)
 
     @staticmethod
@@ -265,6 +301,16 @@ class GraphedDecoder:
         state.slot.zero_()
         state.positions.zero_()
         state.key_valid.zero_()
+
+
+def compile_decode_step(step: Callable[[_DecodeState], torch.Tensor]) -> Callable:
+    """``step`` compiled whole by inductor, rounding as eager does (``emulate_precision_casts``).
+
+    Shapes are dynamic (the model's own sizes come from its parameters and stay static), so one
+    compilation serves every batch size, attended length and cache length.
+    """
+    return torch.compile(step, fullgraph=True, dynamic=True,
+                         options={"emulate_precision_casts": True})
 
 
 def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -279,16 +325,19 @@ def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
 def grouped_query_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                                    value: torch.Tensor, attention_mask: torch.Tensor | None,
                                    **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, except for one query position against grouped key/value
-    heads with a ``(batch, 1, 1, keys)`` mask (a decode step): the query heads of each key/value
-    head attend as one block of queries, so no key or value is copied per query head."""
+    """transformers' SDPA attention, except for one query position with a ``(batch, 1, 1,
+    keys)`` mask (a decode step): the query heads of each key/value head attend as one block of
+    queries, so no key or value is copied per query head, and only to the first ``keys`` cached
+    keys (the mask may cover fewer than the cache holds)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, queries, dim = query.shape
     kv_heads = key.shape[1]
-    if (queries != 1 or heads == kv_heads or attention_mask is None
-            or attention_mask.shape[1:3] != (1, 1) or kwargs.get("dropout", 0.0)):
+    if (queries != 1 or attention_mask is None or attention_mask.shape[1:3] != (1, 1)
+            or kwargs.get("dropout", 0.0)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    attended = attention_mask.shape[-1]
+    key, value = key[:, :, :attended], value[:, :, :attended]
     grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
     out = torch.nn.functional.scaled_dot_product_attention(
         grouped, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"))
