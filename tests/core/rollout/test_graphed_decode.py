@@ -71,6 +71,14 @@ def test_finished_rows_leave_the_batch_and_the_others_keep_their_own_log_probs()
     assert len(decoder.batch_sizes) > 2 and decoder.batch_sizes[0] == 16
     assert decoder.batch_sizes == sorted(decoder.batch_sizes, reverse=True)
     assert_own_log_probs(model, prompts, tokens, logprobs, 1.5, eos=eos)
+    # one cache: every smaller batch's rows are the first rows of the full batch's
+    (full_batch, _), full = max(decoder._states.items(), key=lambda item: item[0])
+    assert full_batch == 16 and len(decoder._states) > 2
+    for (batch, _), state in decoder._states.items():
+        for layer, full_layer in zip(state.cache.layers, full.cache.layers, strict=True):
+            assert layer.keys.shape[0] == batch and layer.values.shape[0] == batch
+            assert layer.keys.data_ptr() == full_layer.keys.data_ptr()
+            assert layer.values.data_ptr() == full_layer.values.data_ptr()
 
 
 def test_the_fused_step_samples_what_the_eager_step_does_as_the_batch_shrinks() -> None:

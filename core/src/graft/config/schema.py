@@ -192,10 +192,10 @@ class RolloutConfig:
     decode: str = choice("dynamic", ("dynamic", "static"))
     # static decode: how its decode step runs.
     # cudagraphs: Graft's own loop replays the decode step from a CUDA graph (eager on CPU) and
-    #   drops finished rows from the batch, with the trainer's numerics; its KV caches and graphs
-    #   stay allocated between rollouts (about twice batch x (prompt + max_new_tokens) keys and
-    #   values per layer). Models with sliding-window attention: transformers' compiled step,
-    #   cudagraphs backend.
+    #   drops finished rows from the batch, with the trainer's numerics; its KV cache (batch x
+    #   (prompt + max_new_tokens) keys and values per layer, the smaller batches' its first rows)
+    #   and graphs stay allocated between rollouts. Models with sliding-window attention:
+    #   transformers' compiled step, cudagraphs backend.
     # inductor: transformers' compiled step, fused kernels (2.6x slower than cudagraphs on an
     #   H200 in bench/README.md, rounding differently from the trainer's forward).
     # none: transformers, eager.

@@ -3,10 +3,11 @@ from a CUDA graph.
 
 transformers' ``generate`` pays for every token on the host: logits processors, stopping checks
 that wait for the device, a Python forward that launches every kernel again. Compiling that
-step with inductor removes the launches but fuses kernels that round differently from the
-trainer's eager forward (the train-inference mismatch grows). This loop captures the decode
-step once per (batch, cache length, attended length) in a CUDA graph and replays it, so each
-token costs one graph launch plus a few sampling kernels, with the trainer's numerics.
+step with inductor as transformers does removes the launches but fuses kernels that keep fp32
+where the trainer's eager forward rounds to bf16 (the train-inference mismatch grows). This loop
+captures the decode step once per (batch, cache length, attended length) in a CUDA graph and
+replays it, so each token costs one graph launch plus a few sampling kernels, with the trainer's
+numerics.
 
 A graph still runs every kernel the step launches: eagerly, a Llama layer is some forty (each
 RMSNorm six, rotary a dozen), and at small batches their launches, not the weights, set a step's
@@ -24,23 +25,23 @@ NaNs in the cache). Sampling (temperature, top-p, multinomial) and the log-probs
 own `token_logprobs`) run on the device; the host looks at the finished flags every
 ``check_every`` steps to stop early. Without CUDA (tests) the same step runs eagerly.
 
-As rows finish, the loop moves the unfinished ones into a smaller batch (a power of two, its own
-cache and graphs) so that finished rows stop costing compute. With SDPA, a decode step attends
-with grouped queries (the query heads of a key/value head as one query block,
-`grouped_query_decode_attention`) instead of copying every cached key and value once per query
-head, as transformers' SDPA path does when a mask is given; and only to the cache slots filled
-so far, rounded up to `CACHE_LENGTH_MULTIPLE` (one graph per such length), not to the empty end of
-the cache: on an H200 the attention was the largest single cost of a step at batch 256.
+As rows finish, the loop moves the unfinished ones into a smaller batch (steps of about an eighth
+of the first, each with its graphs, its cache the first rows of the full batch's) so that
+finished rows stop costing compute. With SDPA, a decode step attends with grouped queries (the
+query heads of a key/value head as one query block, `graft.rollout.decode_attention`) instead of
+copying every cached key and value once per query head, as transformers' SDPA path does when a
+mask is given; and only to the cache slots filled so far, rounded up (one graph per such length,
+`_attended_lengths`), not to the empty end of the cache: on an H200 the attention was the
+largest single cost of a step at batch 256.
 
 Only for models whose attention is full and causal over one static cache (``layer_types`` all
 ``full_attention``, no sliding window): others keep transformers' path
 (`decodes_with_graphs`).
 
-Memory: the caches of one cache length (the full batch's and the smaller batches', about twice
-``batch x length`` keys and values per layer) and their graphs (one memory pool) stay allocated
-between rollouts,
-through the update, so the next rollout replays without capturing again; a rollout of another
-length lets them go.
+Memory: the cache of one cache length (``batch x length`` keys and values per layer; the
+smaller batches' caches are views of its first rows) and the graphs (one memory pool) stay
+allocated between rollouts, through the update, so the next rollout replays without capturing
+again; a rollout of another length lets them go.
 """
 
 from __future__ import annotations
@@ -51,13 +52,15 @@ from dataclasses import dataclass, field
 import torch
 
 from graft.engine.logprobs import token_logprobs
+from graft.rollout.decode_attention import use_grouped_query_attention
 from graft.rollout.types import SamplingSpec
 
 CACHE_LENGTH_MULTIPLE = 64  # cache lengths round up to this, so nearby prompt lengths share a graph
+ATTENDED_LENGTHS = 8  # at most this many attended lengths (graphs) per batch size
+BATCH_SIZE_STEPS = 8  # a batch shrinks in steps of about 1/8 of where it started
 # The attention implementations this loop hands a ready 4-D mask to: SDPA takes a boolean one
 # (True: attend; the loop's own grouped-query attention too), eager an additive one.
 MASKS = ("sdpa", "eager")
-GROUPED_ATTENTION = "graft_grouped_query_decode"
 
 
 def decodes_with_graphs(model: torch.nn.Module) -> bool:
@@ -103,7 +106,7 @@ class GraphedDecoder:
         self.min_batch = min_batch
         self.boolean_mask = model.config._attn_implementation == "sdpa"
         if self.boolean_mask:
-            _use_grouped_query_attention(model)
+            use_grouped_query_attention(model)
         self.batch_sizes: list[int] = []  # the batch sizes the last `generate` decoded at
         # compiled on the first step (the first graph's warm-up on GPU)
         self._run_step = compile_decode_step(self._step) if fuse_kernels else self._step
@@ -122,7 +125,9 @@ class GraphedDecoder:
             return empty.long(), empty
         length = prompt_length + spec.max_new_tokens
         state = self._state(batch, length, ids.device)
-        for size in self._smaller_batches(batch):  # captured now, not in the middle of a rollout
+        # Prepared now, never in the middle of a rollout: a new state's capture runs steps
+        # that write the cache rows it shares with the larger batches.
+        for size in self._smaller_batches(batch):
             self._state(size, length, ids.device)
         rows = torch.arange(batch, device=ids.device)  # the original row of each state row
         finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
@@ -143,7 +148,7 @@ class GraphedDecoder:
                     break
                 keep = self._rows_to_keep(finished, remaining)
                 if keep is not None:
-                    state = self._compact(state, keep, length)
+                    state = self._compact(state, keep)
                     rows, finished, token = rows[keep], finished[keep], token[keep]
                     self.batch_sizes.append(len(keep))
             state.tokens.copy_(token[:, None])
@@ -153,12 +158,14 @@ class GraphedDecoder:
 
     def _attended_lengths(self, cache_length: int) -> list[int]:
         """The key lengths a decode step over a ``cache_length`` cache attends to, one graph
-        each: multiples of `CACHE_LENGTH_MULTIPLE` with the grouped-query attention (which
-        attends to the keys its mask covers), so early steps do not read the empty end of the
-        cache; the whole cache with the model's own attention."""
+        each: with the grouped-query attention (which attends to the keys its mask covers) up to
+        `ATTENDED_LENGTHS` steps of a multiple of `CACHE_LENGTH_MULTIPLE`, so early steps do not
+        read the empty end of the cache; the whole cache with the model's own attention."""
         if not self.boolean_mask:
             return [cache_length]
-        return list(range(CACHE_LENGTH_MULTIPLE, cache_length + 1, CACHE_LENGTH_MULTIPLE))
+        step = -(-cache_length // ATTENDED_LENGTHS)
+        step = -(-step // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE
+        return [*range(step, cache_length, step), cache_length]
 
     def _attended(self, state: _DecodeState, keys: int) -> int:
         """The attended length for a step whose cache holds ``keys`` slots (padding included)."""
@@ -166,21 +173,28 @@ class GraphedDecoder:
                     if length >= keys)
 
     def _smaller_batches(self, batch: int) -> list[int]:
-        """The batch sizes rows of a ``batch`` can move to as they finish (`_rows_to_keep`)."""
-        sizes = {max(self.min_batch, 1 << power) for power in range(batch.bit_length())}
-        return sorted(size for size in sizes if 2 * size <= batch)
+        """The batch sizes rows of a ``batch`` can move to as they finish (`_rows_to_keep`):
+        multiples of about ``batch / BATCH_SIZE_STEPS``, and powers of two below that, none
+        below ``min_batch``. A step's cost grows with its batch down to a few dozen rows, so the
+        batch follows the unfinished rows closely there and coarsely below."""
+        step = max(self.min_batch, -(-batch // BATCH_SIZE_STEPS))
+        powers = {max(self.min_batch, 1 << power) for power in range(step.bit_length())}
+        return sorted({*range(step, batch, step), *(p for p in powers if p < min(step, batch))})
 
     def _rows_to_keep(self, finished: torch.Tensor, remaining: int) -> torch.Tensor | None:
-        """The rows of a smaller batch (the unfinished ones first, finished ones filling it up
-        to a power of two), or None while the batch is not twice that size."""
-        size = max(self.min_batch, 1 << (remaining - 1).bit_length())
-        if 2 * size > finished.shape[0]:
+        """The rows of the smallest batch that holds the ``remaining`` unfinished ones (those
+        first, finished ones filling it up), or None when no batch smaller than the current
+        one does."""
+        fitting = [size for size in self._smaller_batches(self.batch_sizes[0])
+                   if remaining <= size < finished.shape[0]]
+        if not fitting:
             return None
-        return torch.argsort(finished.to(torch.int8), stable=True)[:size]
+        return torch.argsort(finished.to(torch.int8), stable=True)[:fitting[0]]
 
-    def _compact(self, state: _DecodeState, keep: torch.Tensor, length: int) -> _DecodeState:
-        """A state for the rows ``keep`` of ``state``: its cache rows, masks and positions."""
-        smaller = self._state(len(keep), length, keep.device)
+    def _compact(self, state: _DecodeState, keep: torch.Tensor) -> _DecodeState:
+        """The (prepared) state for the rows ``keep`` of ``state``: its cache rows, masks and
+        positions. Both caches may be views of one tensor: each copy reads a gathered copy."""
+        smaller = self._states[(len(keep), state.key_valid.shape[1])]
         for source, target in zip(state.cache.layers, smaller.cache.layers, strict=True):
             target.keys.copy_(source.keys.index_select(0, keep))
             target.values.copy_(source.values.index_select(0, keep))
@@ -207,7 +221,9 @@ class GraphedDecoder:
         return token, logprob
 
     def _state(self, batch: int, length: int, device: torch.device) -> _DecodeState:
-        """The decode state (and its graph) for ``batch`` rows of up to ``length`` tokens."""
+        """The decode state (and its graphs) for ``batch`` rows of up to ``length`` tokens. Its
+        cache is the first ``batch`` rows of the largest cache of that length when one exists
+        (a smaller batch holds rows of a larger one, never both at once), else its own."""
         length = -(-length // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE
         key = (batch, length)
         if key not in self._states:
@@ -216,12 +232,15 @@ class GraphedDecoder:
             # Caches of another length are let go (their memory is batch x length per layer);
             # a rollout's batches share one length, the next rollout usually too.
             self._states = {k: v for k, v in self._states.items() if k[1] == length}
+            host = max((k for k in self._states if k[0] > batch), default=None)
             state = _DecodeState(
                 cache=StaticCache(config=self.model.config, max_cache_len=length),
                 tokens=torch.full((batch, 1), self.pad_token_id, dtype=torch.long, device=device),
                 positions=torch.zeros((batch, 1), dtype=torch.long, device=device),
                 slot=torch.zeros(1, dtype=torch.long, device=device),
                 key_valid=torch.zeros((batch, length), dtype=torch.bool, device=device))
+            if host is not None:
+                _share_rows(state.cache, self._states[host].cache, batch)
             if self.use_graphs and device.type == "cuda":
                 for attended in self._attended_lengths(length):
                     self._capture(state, attended)
@@ -303,6 +322,15 @@ class GraphedDecoder:
         state.key_valid.zero_()
 
 
+def _share_rows(cache: object, host: object, rows: int) -> None:
+    """Make each layer of the static ``cache`` hold the first ``rows`` rows of ``host``'s
+    (allocated) keys and values: views, no memory of its own."""
+    for layer, host_layer in zip(cache.layers, host.layers, strict=True):
+        keys, values = host_layer.keys[:rows], host_layer.values[:rows]
+        layer.lazy_initialization(keys, values)  # dtype, device, heads; allocates, dropped below
+        layer.keys, layer.values = keys, values
+
+
 def compile_decode_step(step: Callable[[_DecodeState], torch.Tensor]) -> Callable:
     """``step`` compiled whole by inductor, rounding as eager does (``emulate_precision_casts``).
 
@@ -320,33 +348,3 @@ def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     probs = ordered.softmax(dim=-1)
     drop = probs.cumsum(dim=-1) - probs > top_p
     return scores.scatter(-1, order, ordered.masked_fill(drop, float("-inf")))
-
-
-def grouped_query_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                                   value: torch.Tensor, attention_mask: torch.Tensor | None,
-                                   **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, except for one query position with a ``(batch, 1, 1,
-    keys)`` mask (a decode step): the query heads of each key/value head attend as one block of
-    queries, so no key or value is copied per query head, and only to the first ``keys`` cached
-    keys (the mask may cover fewer than the cache holds)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    batch, heads, queries, dim = query.shape
-    kv_heads = key.shape[1]
-    if (queries != 1 or attention_mask is None or attention_mask.shape[1:3] != (1, 1)
-            or kwargs.get("dropout", 0.0)):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    attended = attention_mask.shape[-1]
-    key, value = key[:, :, :attended], value[:, :, :attended]
-    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        grouped, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"))
-    return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
-
-
-def _use_grouped_query_attention(model: torch.nn.Module) -> None:
-    """Switch ``model`` (SDPA) to `grouped_query_decode_attention` (registered once)."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(GROUPED_ATTENTION, grouped_query_decode_attention)
-    model.set_attn_implementation(GROUPED_ATTENTION)
