@@ -94,10 +94,11 @@ def agreement(tokens, logprobs, other_tokens, other_logprobs) -> dict:
     """Where two runs sampled the same tokens so far: how many log-probs are equal, how far."""
     same_so_far = (tokens == other_tokens).long().cumprod(dim=1).bool()
     diff = (logprobs - other_logprobs).abs()[same_so_far]
+    agreed = diff.numel() > 0  # no row's first token agreeing leaves nothing to compare
     return {"same_tokens": bool(torch.equal(tokens, other_tokens)),
             "tokens_before_first_difference": int(same_so_far.sum()),
-            "equal_logprob_fraction": float((diff == 0).float().mean()),
-            "max_logprob_diff": float(diff.max())}
+            "equal_logprob_fraction": float((diff == 0).float().mean()) if agreed else None,
+            "max_logprob_diff": float(diff.max()) if agreed else None}
 
 
 def step_kernels(decoder: GraphedDecoder, state, top: int = 20) -> dict:

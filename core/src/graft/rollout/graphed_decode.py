@@ -127,8 +127,10 @@ class GraphedDecoder:
         state = self._state(batch, length, ids.device)
         # Prepared now, never in the middle of a rollout: a new state's capture runs steps
         # that write the cache rows it shares with the larger batches.
-        for size in self._smaller_batches(batch):
+        smaller_batches = self._smaller_batches(batch)
+        for size in smaller_batches:
             self._state(size, length, ids.device)
+        attended_lengths = self._attended_lengths(state.key_valid.shape[1])
         rows = torch.arange(batch, device=ids.device)  # the original row of each state row
         finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)
         tokens = torch.full((batch, spec.max_new_tokens), self.pad_token_id, dtype=torch.long,
@@ -146,14 +148,15 @@ class GraphedDecoder:
                 remaining = int((~finished).sum())
                 if remaining == 0:
                     break
-                keep = self._rows_to_keep(finished, remaining)
+                keep = _rows_to_keep(finished, remaining, smaller_batches)
                 if keep is not None:
                     state = self._compact(state, keep)
                     rows, finished, token = rows[keep], finished[keep], token[keep]
                     self.batch_sizes.append(len(keep))
             state.tokens.copy_(token[:, None])
             # this step writes cache slot prompt_length + step and attends to every slot up to it
-            logits = self._decode(state, self._attended(state, prompt_length + step + 1))
+            attended = next(n for n in attended_lengths if n > prompt_length + step)
+            logits = self._decode(state, attended)
         return tokens[:, :step + 1], logprobs[:, :step + 1]
 
     def _attended_lengths(self, cache_length: int) -> list[int]:
@@ -167,11 +170,6 @@ class GraphedDecoder:
         step = -(-step // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE
         return [*range(step, cache_length, step), cache_length]
 
-    def _attended(self, state: _DecodeState, keys: int) -> int:
-        """The attended length for a step whose cache holds ``keys`` slots (padding included)."""
-        return next(length for length in self._attended_lengths(state.key_valid.shape[1])
-                    if length >= keys)
-
     def _smaller_batches(self, batch: int) -> list[int]:
         """The batch sizes rows of a ``batch`` can move to as they finish (`_rows_to_keep`):
         multiples of about ``batch / BATCH_SIZE_STEPS``, and powers of two below that, none
@@ -180,16 +178,6 @@ class GraphedDecoder:
         step = max(self.min_batch, -(-batch // BATCH_SIZE_STEPS))
         powers = {max(self.min_batch, 1 << power) for power in range(step.bit_length())}
         return sorted({*range(step, batch, step), *(p for p in powers if p < min(step, batch))})
-
-    def _rows_to_keep(self, finished: torch.Tensor, remaining: int) -> torch.Tensor | None:
-        """The rows of the smallest batch that holds the ``remaining`` unfinished ones (those
-        first, finished ones filling it up), or None when no batch smaller than the current
-        one does."""
-        fitting = [size for size in self._smaller_batches(self.batch_sizes[0])
-                   if remaining <= size < finished.shape[0]]
-        if not fitting:
-            return None
-        return torch.argsort(finished.to(torch.int8), stable=True)[:fitting[0]]
 
     def _compact(self, state: _DecodeState, keep: torch.Tensor) -> _DecodeState:
         """The (prepared) state for the rows ``keep`` of ``state``: its cache rows, masks and
@@ -320,6 +308,17 @@ class GraphedDecoder:
         state.slot.zero_()
         state.positions.zero_()
         state.key_valid.zero_()
+
+
+def _rows_to_keep(finished: torch.Tensor, remaining: int,
+                  batch_sizes: list[int]) -> torch.Tensor | None:
+    """The rows of the smallest of ``batch_sizes`` (ascending) that holds the ``remaining``
+    unfinished ones (those first, finished ones filling it up), or None when none smaller than
+    the current batch does."""
+    fitting = [size for size in batch_sizes if remaining <= size < finished.shape[0]]
+    if not fitting:
+        return None
+    return torch.argsort(finished.to(torch.int8), stable=True)[:fitting[0]]
 
 
 def _share_rows(cache: object, host: object, rows: int) -> None:
