@@ -15,6 +15,7 @@ first step (warm-up) is left out of the averages.
 
     python3 bench/rl_throughput.py --out $OUT/rl_throughput.json
     python3 bench/rl_throughput.py --tiny            # CPU smoke test
+    python3 bench/rl_throughput.py --variants fused-rows --profile-rollout $OUT/profile.json
 """
 
 from __future__ import annotations
@@ -101,10 +102,18 @@ def sft_step_seconds(trainer: Trainer, lengths: list[int], prompt: int, repeats:
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
-def rl_row(args: argparse.Namespace, variant: str) -> tuple[dict[str, Any], Trainer]:
+def rl_row(args: argparse.Namespace, variant: str, *,
+           profile: dict[str, Any] | None = None) -> tuple[dict[str, Any], Trainer]:
+    """One variant's RL run; with ``profile`` (a dict), one more rollout after the last step is
+    profiled into it (`rollout_profile.py`) before the run stops its rollout engine."""
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = config(args, run_dir, variant)
         trainer = Trainer(cfg)
+        if profile is not None:
+            from rollout_profile import profile_rollout
+
+            close = trainer.job.close
+            trainer.job.close = lambda: (profile.update(profile_rollout(trainer)), close())
         history = trainer.fit()
     steady = history[1:] or history
     params = parameters(trainer)
@@ -150,11 +159,15 @@ def main() -> None:
     parser.add_argument("--override", nargs="*", default=[], help="more config overrides")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--profile-rollout", default=None, metavar="PATH",
+                        help="profile one more rollout of the last variant after its steps and "
+                             "write the summary to PATH (rollout_profile.py)")
     args = parser.parse_args()
-    rows, trainer = [], None
+    rows, trainer, profile = [], None, {}
     for variant in args.variants:
         try:
-            row, trainer = rl_row(args, variant)
+            last = variant == args.variants[-1] and args.profile_rollout
+            row, trainer = rl_row(args, variant, profile=profile if last else None)
         except Exception as error:  # noqa: BLE001 - one failing variant must not lose the others
             row = {"variant": variant, "error": f"{type(error).__name__}: {error}"[:500]}
         rows.append(row)
@@ -176,6 +189,9 @@ def main() -> None:
               f"{row['update_model_tflops']:>8} {row.get('rollout_tokens_per_s', ''):>13} "
               f"{row.get('step_s', 0):>7.2f} {row.get('train_infer_logprob_diff', 0):>9.2g}")
     write(args.out, result)
+    if args.profile_rollout:
+        write(args.profile_rollout, {"date": result["date"], "command": result["command"],
+                                     "variant": args.variants[-1], **profile})
 
 
 def write(path: str | None, result: dict[str, Any]) -> None:

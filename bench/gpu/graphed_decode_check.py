@@ -13,6 +13,8 @@ its tokens and log-probs equal the eager step's, how far both are from a full fo
 same sequences without a cache (what the trainer computes), its compile time, kernels per step,
 and one replay's time at each batch size the loop shrinks to.
 
+First, the loop's sampler draws what torch.multinomial draws from the same generator state.
+
     python3 bench/gpu/graphed_decode_check.py --out $OUT/graphed_decode_check.json
 """
 
@@ -79,15 +81,30 @@ def shrinking_check() -> dict:
             "fused_batch_sizes": fused[2]}
 
 
+def sampler_check() -> dict:
+    """The loop's sampler against torch.multinomial on the GPU, from the same generator state."""
+    decoder = GraphedDecoder.__new__(GraphedDecoder)
+    decoder.pad_token_id, decoder.eos_token_id = 0, 2
+    logits = torch.randn(256, 32000, device="cuda").bfloat16()
+    finished = torch.zeros(256, dtype=torch.bool, device="cuda")
+    torch.cuda.manual_seed(11)
+    token, _ = decoder._sample(logits, SamplingSpec(0.7, 1.0, 8), finished)
+    torch.cuda.manual_seed(11)
+    expected = torch.multinomial(torch.softmax(logits.float() / 0.7, dim=-1), 1).squeeze(1)
+    return {"same_tokens_as_torch_multinomial": bool(torch.equal(token, expected))}
+
+
 def full_forward_logprobs(model, ids, mask, tokens) -> torch.Tensor:
-    """Log-probs of ``tokens`` from one forward of prompt + tokens without a cache."""
-    sequence = torch.cat([ids, tokens], dim=1)
-    attend = torch.cat([mask, torch.ones_like(tokens)], dim=1)
-    positions = (attend.cumsum(-1) - 1).clamp(min=0)
+    """Log-probs of ``tokens`` from one forward per row of its prompt (padding dropped) and its
+    tokens, without a cache: what the trainer computes for a sample. (A left-padded batch
+    forward with position ids is not that: on CPU, fp32, it was 0.8 away from both.)"""
+    rows = []
     with torch.no_grad():
-        logits = model(input_ids=sequence, attention_mask=attend,
-                       position_ids=positions).logits[:, ids.shape[1] - 1:-1].float()
-    return logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)
+        for row_ids, row_mask, row_tokens in zip(ids, mask, tokens, strict=True):
+            sequence = torch.cat([row_ids[row_mask.bool()], row_tokens])[None]
+            logits = model(input_ids=sequence).logits[0, -len(row_tokens) - 1:-1].float()
+            rows.append(logits.log_softmax(-1).gather(-1, row_tokens[:, None]).squeeze(-1))
+    return torch.stack(rows)
 
 
 def agreement(tokens, logprobs, other_tokens, other_logprobs) -> dict:
@@ -127,39 +144,49 @@ def step_kernels(decoder: GraphedDecoder, state, top: int = 20) -> dict:
                     for name, (count, us) in ordered[:top]]}
 
 
-def replay_ms(decoder: GraphedDecoder, repeats: int = 100) -> dict[str, float]:
+def replay_ms(decoder: GraphedDecoder, repeats: int = 100, warmup: int = 10) -> dict[str, float]:
     """Milliseconds per graph replay for each batch size the decoder holds graphs for, at its
-    shortest and longest attended length (``"batch/attended"``)."""
+    shortest and longest attended length (``"batch/attended"``). Each state starts from a reset
+    cache and replays fewer steps than its cache holds (a replay past its end would write out
+    of bounds), and is reset again after."""
     times = {}
-    for (batch, _), state in sorted(decoder._states.items()):
-        for attended in (min(state.graphs), max(state.graphs)):
+    for (batch, length), state in sorted(decoder._states.items()):
+        if not state.graphs:  # no CUDA: the step ran eagerly
+            continue
+        steps = min(repeats, length - warmup)
+        for attended in sorted({min(state.graphs), max(state.graphs)}):
             graph = state.graphs[attended]
             decoder._reset(state)
-            for _ in range(10):
+            for _ in range(warmup):
                 graph.replay()
-            decoder._reset(state)
             torch.cuda.synchronize()
             started = time.perf_counter()
-            for _ in range(repeats):
+            for _ in range(steps):
                 graph.replay()
             torch.cuda.synchronize()
-            times[f"{batch}/{attended}"] = round(1000 * (time.perf_counter() - started) / repeats,
+            times[f"{batch}/{attended}"] = round(1000 * (time.perf_counter() - started) / steps,
                                                  3)
             decoder._reset(state)
     return times
+
+
+def tinyllama() -> torch.nn.Module:
+    """The TinyLlama-1.1B-shaped Llama these checks decode with: random bf16 weights, SDPA."""
+    config = AutoConfig.for_model("llama", **SHAPES, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).cuda().eval()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    config = AutoConfig.for_model("llama", **SHAPES, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).cuda().eval()
+    model = tinyllama()
     graphed = GraphedDecoder(model, pad_token_id=0, eos_token_id=2, use_graphs=True)
     fused = GraphedDecoder(model, pad_token_id=0, eos_token_id=2, use_graphs=True,
                            fuse_kernels=True)
     eager = GraphedDecoder(model, pad_token_id=0, eos_token_id=2, use_graphs=False)
+    write(args.out, {"sampler": sampler_check()})
     generator = torch.Generator().manual_seed(0)
     ids, mask = prompts(64, generator)
     spec = SamplingSpec(1.0, 1.0, 64)
@@ -172,7 +199,8 @@ def main() -> None:
               "same_logprobs": bool(torch.equal(g_logprobs, e_logprobs)),
               "max_logprob_diff": float((g_logprobs - e_logprobs).abs().max()),
               "repeat_same_tokens": bool(torch.equal(again, g_tokens)),
-              "graphs_captured": sum(len(s.graphs) for s in graphed._states.values())}
+              "graphs_captured": sum(len(s.graphs) for s in graphed._states.values()),
+              "sampler": sampler_check()}
     f_tokens, f_logprobs, first_call_s = run(fused, ids, mask, spec, seed=1)
     _, _, second_call_s = run(fused, ids, mask, spec, seed=1)
     result["fused"] = {

@@ -143,6 +143,37 @@ def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     assert _top_p(scores, 0.1).isfinite().tolist() == [[True, False, False, False]]
 
 
+def test_sampling_draws_what_torch_multinomial_draws_from_the_same_generator_state() -> None:
+    decoder = GraphedDecoder(tiny_llama("sdpa"), pad_token_id=PAD, eos_token_id=3,
+                             use_graphs=False)
+    logits = torch.randn(64, 96, generator=torch.Generator().manual_seed(0)).bfloat16()
+    finished = torch.zeros(64, dtype=torch.bool)
+    finished[:4] = True
+    torch.manual_seed(7)
+    token, logprob = decoder._sample(logits, SamplingSpec(0.7, 1.0, 8), finished.clone())
+    torch.manual_seed(7)
+    expected = torch.multinomial(torch.softmax(logits.float() / 0.7, dim=-1), 1).squeeze(1)
+    assert torch.equal(token[4:], expected[4:]) and (token[:4] == PAD).all()
+    assert (logprob[:4] == 0).all() and (logprob[4:] < 0).all()
+
+
+def test_a_rollout_of_another_cache_length_lets_the_old_graphs_and_their_pool_go() -> None:
+    """CUDA refuses a capture into a pool whose graphs are all gone (a GPU check, in
+    bench/gpu/graphed_decode_check.py, runs two lengths); here a stand-in marks the graphs."""
+    decoder = GraphedDecoder(tiny_llama("sdpa"), pad_token_id=PAD, eos_token_id=None,
+                             use_graphs=False)
+    short = left_pad([[5, 6, 7]])
+    decoder.generate(*short, SamplingSpec(1.0, 1.0, 8))  # a 64-slot cache
+    for state in decoder._states.values():
+        state.graphs[-1] = "captured"  # a length no step attends to: never replayed
+    decoder._graph_pool = "pool"
+    decoder.generate(*short, SamplingSpec(1.0, 1.0, 8))  # the same length keeps both
+    assert decoder._graph_pool == "pool"
+    decoder.generate(*short, SamplingSpec(1.0, 1.0, 100))  # a 128-slot cache
+    assert decoder._graph_pool is None
+    assert {length for _, length in decoder._states} == {128}
+
+
 def test_sliding_window_models_keep_transformers_path() -> None:
     config = AutoConfig.for_model("mistral", hidden_size=64, intermediate_size=128,
                                   num_hidden_layers=2, num_attention_heads=4,

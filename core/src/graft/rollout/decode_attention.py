@@ -1,10 +1,10 @@
-"""Decode attention for `graft.rollout.graphed_decode`: one query position per row against a
-static KV cache, given a ``(batch, 1, 1, keys)`` boolean mask.
+"""Attention for `graft.rollout.graphed_decode` over a static KV cache, given a ``(batch, 1,
+queries, keys)`` boolean mask: the decode steps (one query position per row) and the prefill.
 
 transformers' SDPA path copies every cached key and value once per query head when a mask is
 given (grouped-query models). Here the query heads of each key/value head attend as one block of
-queries, and only to the first ``keys`` cache slots: the decode loop passes a mask covering the
-slots filled so far, so the empty end of the cache is not read.
+queries, and only to the first ``keys`` cache slots: the loop passes a mask covering the slots
+filled so far (the prompt, at prefill), so the empty end of the cache is not read.
 """
 
 from __future__ import annotations
@@ -17,23 +17,29 @@ GROUPED_ATTENTION = "graft_grouped_query_decode"
 def grouped_query_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                                    value: torch.Tensor, attention_mask: torch.Tensor | None,
                                    **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, except for one query position with a ``(batch, 1, 1,
-    keys)`` mask (a decode step): the query heads of each key/value head attend as one block of
-    queries, so no key or value is copied per query head, and only to the first ``keys`` cached
-    keys (the mask may cover fewer than the cache holds)."""
+    """transformers' SDPA attention, except with a boolean ``(batch, 1, queries, keys)`` mask
+    (the graphed loop's decode steps and prefill): the query heads of each key/value head attend
+    as one block of queries, so no key or value is copied per query head, and only to the first
+    ``keys`` cached keys (the mask may cover fewer than the cache holds)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     batch, heads, queries, dim = query.shape
     kv_heads = key.shape[1]
-    if (queries != 1 or attention_mask is None or attention_mask.shape[1:3] != (1, 1)
-            or kwargs.get("dropout", 0.0)):
+    if (attention_mask is None or attention_mask.dtype != torch.bool
+            or attention_mask.shape[1:3] != (1, queries) or kwargs.get("dropout", 0.0)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    attention_mask = attention_mask[..., :key.shape[2]]
     attended = attention_mask.shape[-1]
     key, value = key[:, :, :attended], value[:, :, :attended]
-    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    group = heads // kv_heads
+    # rows of a block: query head j of the group at position i is row j * queries + i
+    grouped = query.reshape(batch, kv_heads, group * queries, dim)
+    if queries > 1:  # every head of the group needs the mask's rows (one row broadcasts)
+        attention_mask = attention_mask[:, :, None].expand(batch, 1, group, queries, attended)
+        attention_mask = attention_mask.reshape(batch, 1, group * queries, attended)
     out = torch.nn.functional.scaled_dot_product_attention(
         grouped, key, value, attn_mask=attention_mask, scale=kwargs.get("scaling"))
-    return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+    return out.reshape(batch, heads, queries, dim).transpose(1, 2).contiguous(), None
 
 
 def use_grouped_query_attention(model: torch.nn.Module) -> None:

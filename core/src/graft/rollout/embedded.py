@@ -137,13 +137,15 @@ class EmbeddedRollout:
         """Nothing to release."""
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids, mask)``, ``(prompts, longest)`` on the device: prompts padded on the left."""
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         width = max((len(p) for p in prompts), default=1)
+        mask = torch.arange(width)[None, :] >= width - lengths[:, None]
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
-        return ids.to(self.device), mask.to(self.device)
+        # one tensor for all prompts: a rollout's host time before the first kernel
+        ids[mask] = torch.tensor([token for prompt in prompts for token in prompt],
+                                 dtype=torch.long)
+        return ids.to(self.device), mask.long().to(self.device)
 
 
 class GatheredParameters:

@@ -41,7 +41,7 @@ Only for models whose attention is full and causal over one static cache (``laye
 Memory: the cache of one cache length (``batch x length`` keys and values per layer; the
 smaller batches' caches are views of its first rows) and the graphs (one memory pool) stay
 allocated between rollouts, through the update, so the next rollout replays without capturing
-again; a rollout of another length lets them go.
+again; a rollout of another length lets them go, and their memory pool.
 """
 
 from __future__ import annotations
@@ -199,7 +199,10 @@ class GraphedDecoder:
         scores = logits.float() / spec.temperature
         if spec.top_p < 1.0:
             scores = _top_p(scores, spec.top_p)
-        token = torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(1)
+        probs = torch.softmax(scores, dim=-1)
+        # torch.multinomial's own draw of one sample (the argmax of p / q, q ~ Exp(1)): the same
+        # tokens, without its checks of p, two more passes over the vocabulary every step
+        token = probs.div_(torch.empty_like(probs).exponential_()).argmax(dim=-1)
         logprob = token_logprobs(logits, token, finished.new_full(finished.shape, spec.temperature,
                                                                   dtype=torch.float32))
         token = torch.where(finished, self.pad_token_id, token)
@@ -217,9 +220,7 @@ class GraphedDecoder:
         if key not in self._states:
             from transformers import StaticCache
 
-            # Caches of another length are let go (their memory is batch x length per layer);
-            # a rollout's batches share one length, the next rollout usually too.
-            self._states = {k: v for k, v in self._states.items() if k[1] == length}
+            self._keep_states_of_length(length)
             host = max((k for k in self._states if k[0] > batch), default=None)
             state = _DecodeState(
                 cache=StaticCache(config=self.model.config, max_cache_len=length),
@@ -238,6 +239,18 @@ class GraphedDecoder:
             self._states[key] = state
         return self._states[key]
 
+    def _keep_states_of_length(self, length: int) -> None:
+        """Let the states (caches, graphs) of other cache lengths go: their memory is batch x
+        length per layer; a rollout's batches share one length, the next rollout usually too.
+        When no graph is left, the graph memory pool goes with them: CUDA refuses a capture into
+        a pool whose graphs are all gone, so the next capture starts a new one, and the old
+        pool's memory is released (the allocator keeps a dead pool until ``empty_cache``)."""
+        self._states = {k: v for k, v in self._states.items() if k[1] == length}
+        if self._graph_pool is not None and not any(s.graphs for s in self._states.values()):
+            self._graph_pool = None
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
     def _prefill(self, state: _DecodeState, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Run the prompts through the model (eagerly) into a reset cache; the last logits."""
         batch, prompt_length = ids.shape
@@ -251,6 +264,8 @@ class GraphedDecoder:
         # A padded query attends to itself only: a row with no key at all would give NaNs.
         attend = (state.key_valid[:, None, :] & causal[None]) | (slots[None, None, :]
                                                                 == queries[None, :, None])
+        if self.boolean_mask:  # the grouped-query attention reads only the prompt's slots
+            attend = attend[..., :prompt_length]
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=self._mask(attend[:, None]),
                          position_ids=positions, past_key_values=state.cache, use_cache=True,
