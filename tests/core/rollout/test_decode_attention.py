@@ -7,6 +7,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from graft.rollout import decode_attention
 from graft.rollout.decode_attention import grouped_query_decode_attention
 
 
@@ -18,9 +19,12 @@ def attention_module() -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(config).model.layers[0].self_attn
 
 
-@pytest.mark.parametrize("queries", [1, 5])
+@pytest.mark.parametrize(("queries", "mask_limit"), [(1, 1), (5, 1 << 28), (5, 100)])
 def test_grouped_attention_over_the_masked_slots_equals_sdpa_over_the_whole_cache(
-        queries: int) -> None:
+        queries: int, mask_limit: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode steps, a prefill, and a prefill whose mask is too large to copy per query head
+    (transformers' path, over the masked slots)."""
+    monkeypatch.setattr(decode_attention, "GROUPED_MASK_ELEMENTS", mask_limit)
     module = attention_module()
     generator = torch.Generator().manual_seed(0)
     batch, cache_length, attended = 3, 16, 7

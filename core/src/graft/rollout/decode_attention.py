@@ -12,6 +12,9 @@ from __future__ import annotations
 import torch
 
 GROUPED_ATTENTION = "graft_grouped_query_decode"
+# A prefill's mask is copied once per query head of a group; above this many elements (bools)
+# the prefill takes transformers' path instead (keys and values copied per head).
+GROUPED_MASK_ELEMENTS = 1 << 28
 
 
 def grouped_query_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -32,6 +35,8 @@ def grouped_query_decode_attention(module: torch.nn.Module, query: torch.Tensor,
     attended = attention_mask.shape[-1]
     key, value = key[:, :, :attended], value[:, :, :attended]
     group = heads // kv_heads
+    if queries > 1 and attention_mask.numel() * group > GROUPED_MASK_ELEMENTS:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     # rows of a block: query head j of the group at position i is row j * queries + i
     grouped = query.reshape(batch, kv_heads, group * queries, dim)
     if queries > 1:  # every head of the group needs the mask's rows (one row broadcasts)

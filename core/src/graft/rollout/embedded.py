@@ -137,7 +137,8 @@ class EmbeddedRollout:
         """Nothing to release."""
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(ids, mask)``, ``(prompts, longest)`` on the device: prompts padded on the left."""
+        """``(ids, mask)`` on the device, both ``(prompts, longest prompt)``: the prompts padded
+        on the left."""
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         width = max((len(p) for p in prompts), default=1)
         mask = torch.arange(width)[None, :] >= width - lengths[:, None]
