@@ -38,16 +38,27 @@ def dcp_failures(action: str, *, note: str = "") -> Iterator[None]:
     <last line of the cause>. <note>")``; a `CheckpointError` passes unchanged.
 
     DCP raises `CheckpointException` (a BaseException, not an Exception) carrying every rank's
-    traceback; only its last line is shown, the whole cause stays chained.
+    traceback; only its last line is shown, the whole cause stays chained. A Ctrl-C that DCP
+    caught on some rank is raised again as `KeyboardInterrupt`: the run was interrupted (the
+    command says how to resume it), not broken.
     """
     try:
         yield
     except CheckpointError:
         raise
-    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported with its cause
-        lines = str(exc).strip().splitlines()
-        detail = lines[-1] if lines else type(exc).__name__  # some errors carry no message
-        raise CheckpointError(f"{action} failed: {detail}." + (f" {note}" if note else "")) from exc
+    except CheckpointException as exc:
+        if any(isinstance(cause, KeyboardInterrupt) for cause, _ in exc.failures.values()):
+            raise KeyboardInterrupt from exc
+        raise _failed(action, note, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - reported with its cause
+        raise _failed(action, note, exc) from exc
+
+
+def _failed(action: str, note: str, exc: BaseException) -> CheckpointError:
+    """``"<action> failed: <last line of exc>. <note>"``."""
+    lines = str(exc).strip().splitlines()
+    detail = lines[-1] if lines else type(exc).__name__  # some errors carry no message
+    return CheckpointError(f"{action} failed: {detail}." + (f" {note}" if note else ""))
 
 
 class _MetadataUnpickler(pickle.Unpickler):
