@@ -31,7 +31,6 @@ def grouped_query_decode_attention(module: torch.nn.Module, query: torch.Tensor,
     if (attention_mask is None or attention_mask.dtype != torch.bool
             or attention_mask.shape[1:3] != (1, queries) or kwargs.get("dropout", 0.0)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    attention_mask = attention_mask[..., :key.shape[2]]
     attended = attention_mask.shape[-1]
     key, value = key[:, :, :attended], value[:, :, :attended]
     group = heads // kv_heads

@@ -140,7 +140,7 @@ class EmbeddedRollout:
         """``(ids, mask)`` on the device, both ``(prompts, longest prompt)``: the prompts padded
         on the left."""
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-        width = max((len(p) for p in prompts), default=1)
+        width = int(lengths.max()) if prompts else 1
         mask = torch.arange(width)[None, :] >= width - lengths[:, None]
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         # one tensor for all prompts: a rollout's host time before the first kernel

@@ -166,8 +166,7 @@ class GraphedDecoder:
         read the empty end of the cache; the whole cache with the model's own attention."""
         if not self.boolean_mask:
             return [cache_length]
-        step = -(-cache_length // ATTENDED_LENGTHS)
-        step = -(-step // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE
+        step = _round_up(-(-cache_length // ATTENDED_LENGTHS), CACHE_LENGTH_MULTIPLE)
         return [*range(step, cache_length, step), cache_length]
 
     def _smaller_batches(self, batch: int) -> list[int]:
@@ -215,7 +214,7 @@ class GraphedDecoder:
         """The decode state (and its graphs) for ``batch`` rows of up to ``length`` tokens. Its
         cache is the first ``batch`` rows of the largest cache of that length when one exists
         (a smaller batch holds rows of a larger one, never both at once), else its own."""
-        length = -(-length // CACHE_LENGTH_MULTIPLE) * CACHE_LENGTH_MULTIPLE
+        length = _round_up(length, CACHE_LENGTH_MULTIPLE)
         key = (batch, length)
         if key not in self._states:
             from transformers import StaticCache
@@ -248,8 +247,7 @@ class GraphedDecoder:
         self._states = {k: v for k, v in self._states.items() if k[1] == length}
         if self._graph_pool is not None and not any(s.graphs for s in self._states.values()):
             self._graph_pool = None
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()
 
     def _prefill(self, state: _DecodeState, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Run the prompts through the model (eagerly) into a reset cache; the last logits."""
@@ -323,6 +321,10 @@ class GraphedDecoder:
         state.slot.zero_()
         state.positions.zero_()
         state.key_valid.zero_()
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 def _rows_to_keep(finished: torch.Tensor, remaining: int,
