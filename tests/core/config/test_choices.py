@@ -29,7 +29,8 @@ def test_the_schema_module_imports_no_registry() -> None:
     tree = ast.parse(Path(schema.__file__).read_text())
     imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
-    assert all(name.startswith(("__future__", "collections", "dataclasses", "typing"))
+    assert all(name.startswith(("__future__", "collections", "dataclasses", "typing",
+                                "graft.config.ranges"))
                for name in imported), imported
 
 

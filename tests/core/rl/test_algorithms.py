@@ -58,7 +58,7 @@ def test_group_estimators_refuse_groups_of_one(name: str) -> None:
 
 @pytest.mark.parametrize("c", [1.0, 0.5, -3.0])
 def test_dual_clip_constant_must_exceed_one(c: float) -> None:
-    with pytest.raises(ConfigError, match="loss.clip_ratio_c=.* must be > 1"):
+    with pytest.raises(ConfigError, match=r"'loss.clip_ratio_c' is .*: it must be > 1"):
         compose([f"loss.clip_ratio_c={c}"])
     assert compose(["loss.clip_ratio_c=null"]).loss.clip_ratio_c is None
 

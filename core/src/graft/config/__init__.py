@@ -1,6 +1,7 @@
 """Config: Hydra structured configs (dataclasses + OmegaConf), plugin sections, validation."""
 
 from graft.config.compose import compose, schema_config, to_yaml
+from graft.config.ranges import Range, bounded
 from graft.config.schema import (
     AlgorithmConfig,
     CheckpointConfig,
@@ -26,8 +27,10 @@ __all__ = [
     "LossConfig",
     "ModelConfig",
     "OptimConfig",
+    "Range",
     "RolloutConfig",
     "TrainerConfig",
+    "bounded",
     "choice",
     "compose",
     "schema_config",

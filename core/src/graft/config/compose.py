@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from graft.config.presets import resolve_config_file
+from graft.config.ranges import check_ranges
 from graft.config.registries import registry_names
 from graft.config.sections import build_root_schema
 from graft.config.sources import apply_overrides, apply_yaml_file
@@ -44,8 +45,8 @@ def compose(overrides: Sequence[str] = (), config_files: Sequence[str | Path] = 
 
 
 def to_validated_object(cfg: DictConfig, manager: GraftPluginManager) -> Any:
-    """Turn a composed DictConfig into dataclasses; check every `choice` field, then the rules
-    that tie fields together (`graft.config.validate`)."""
+    """Turn a composed DictConfig into dataclasses; check every `choice` field and every
+    `bounded` field's range, then the rules that tie fields together (`graft.config.validate`)."""
     from graft.config.validate import validate_config
 
     try:
@@ -55,6 +56,7 @@ def to_validated_object(cfg: DictConfig, manager: GraftPluginManager) -> Any:
     except (ValueError, TypeError) as exc:  # raised by a section's __post_init__
         raise ConfigError(f"invalid config: {exc}") from exc
     check_choices(obj, manager)
+    check_ranges(obj)
     validate_config(obj, manager)
     return obj
 
