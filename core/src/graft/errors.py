@@ -10,6 +10,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+__all__ = ["CheckpointError", "ConfigError", "DataError", "GraftError", "PluginError", "did_you_mean"]
+
 
 class GraftError(Exception):
     """An error caused by user input; the message says what is wrong and how to fix it."""

@@ -1,1 +1,98 @@
-"""The training engine: distributed setup, parallelization, packed micro-batches, forward."""
+"""The training engine: distributed setup, parallelization, packed micro-batches, forward.
+
+Public API for model plugins (a family's own ``parallelize``; see docs/plugins.md, "Model
+families and expert parallelism"). Importing this package is cheap: each name is loaded from its
+module (which imports torch) on first access.
+
+* The run's meshes: `ParallelMeshes` (``meshes["dp"]``, ``meshes["ep"]``, ``meshes["efsdp"]``).
+* The parallelize steps, in the order a family's ``parallelize`` composes them:
+  `apply_activation_checkpointing`, `apply_compile`, `apply_pre_shard_hooks` (must run, once,
+  before sharding), `apply_expert_parallel` (experts over ``ep``), `apply_fsdp` with
+  `mixed_precision_policy`; `parallelize_standard` is the core's own composition of them.
+* Expert-parallel pieces for a hand-written experts forward: `shard_experts`,
+  `dispatch_tokens`, `combine_tokens`, `grouped_linear`, `local_expert_weight`.
+* Which pass a forward belongs to (the ``phase`` of ``graft_prepare_inputs`` and
+  ``graft_post_forward``): `Phase`, `PHASES`, `ROLLOUT_LOGPROBS`, `OLD_LOGPROBS`,
+  `REF_LOGPROBS`, `UPDATE`, `SFT`.
+
+Everything else under ``graft.engine.*`` is the core's own and may change without notice.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from graft.engine.expert_parallel import (
+        apply_expert_parallel,
+        combine_tokens,
+        dispatch_tokens,
+        grouped_linear,
+        local_expert_weight,
+        shard_experts,
+    )
+    from graft.engine.parallel_dims import ParallelMeshes
+    from graft.engine.parallelize import (
+        apply_activation_checkpointing,
+        apply_compile,
+        apply_fsdp,
+        apply_pre_shard_hooks,
+        mixed_precision_policy,
+        parallelize_standard,
+    )
+    from graft.engine.phase import (
+        OLD_LOGPROBS,
+        PHASES,
+        REF_LOGPROBS,
+        ROLLOUT_LOGPROBS,
+        SFT,
+        UPDATE,
+        Phase,
+    )
+
+__all__ = [
+    "OLD_LOGPROBS",
+    "PHASES",
+    "REF_LOGPROBS",
+    "ROLLOUT_LOGPROBS",
+    "SFT",
+    "UPDATE",
+    "ParallelMeshes",
+    "Phase",
+    "apply_activation_checkpointing",
+    "apply_compile",
+    "apply_expert_parallel",
+    "apply_fsdp",
+    "apply_pre_shard_hooks",
+    "combine_tokens",
+    "dispatch_tokens",
+    "grouped_linear",
+    "local_expert_weight",
+    "mixed_precision_policy",
+    "parallelize_standard",
+    "shard_experts",
+]
+
+_MODULE_OF = {
+    **dict.fromkeys(["apply_expert_parallel", "combine_tokens", "dispatch_tokens",
+                     "grouped_linear", "local_expert_weight", "shard_experts"],
+                    "graft.engine.expert_parallel"),
+    "ParallelMeshes": "graft.engine.parallel_dims",
+    **dict.fromkeys(["apply_activation_checkpointing", "apply_compile", "apply_fsdp",
+                     "apply_pre_shard_hooks", "mixed_precision_policy", "parallelize_standard"],
+                    "graft.engine.parallelize"),
+    **dict.fromkeys(["OLD_LOGPROBS", "PHASES", "REF_LOGPROBS", "ROLLOUT_LOGPROBS", "SFT",
+                     "UPDATE", "Phase"], "graft.engine.phase"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULE_OF:
+        import importlib
+
+        return getattr(importlib.import_module(_MODULE_OF[name]), name)
+    raise AttributeError(f"module 'graft.engine' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

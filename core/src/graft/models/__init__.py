@@ -1,13 +1,16 @@
 """Model families, presets and model building.
 
 For model plugins: `ModelFamily`, `preset_config` (a tiny preset's config on the built-in
-tokenizer's vocabulary) and `routers_at` (the routers of every MoE layer at ``layer.mlp.<name>``).
+tokenizer's vocabulary), `routers_at` (the routers of every MoE layer at ``layer.mlp.<name>``),
+`BUILTIN_FAMILIES` (the core's own families, for a plugin that replaces one with a variant:
+``dataclasses.replace(core_family, ...)``; `family_for` would call the plugin's own hook) and
+`family_for` (the family of a ``model_type``, plugins' included).
 """
 
 from graft.models.build import build_model
-from graft.models.builtin import preset_config, routers_at
+from graft.models.builtin import BUILTIN_FAMILIES, preset_config, routers_at
 from graft.models.family import ModelFamily
 from graft.models.registry import family_for, model_families, presets
 
-__all__ = ["ModelFamily", "build_model", "family_for", "model_families", "preset_config",
-           "presets", "routers_at"]
+__all__ = ["BUILTIN_FAMILIES", "ModelFamily", "build_model", "family_for", "model_families",
+           "preset_config", "presets", "routers_at"]

@@ -25,7 +25,7 @@ def capped_is_loss(*, logp, advantages, root_cfg, tensors):
 
 @hookimpl
 def graft_advantage_estimators():
-    from graft.rl.advantages import AdvantageEstimator
+    from graft.rl import AdvantageEstimator
 
     return {"pairwise": AdvantageEstimator(pairwise_advantages, min_group_size=2)}
 

@@ -4,7 +4,7 @@ Experts are split along dim 0 (``Shard(0)``) over the ``ep`` ranks of a group an
 FSDP2-sharded over the remaining ``efsdp = world / ep`` ranks; every other parameter is
 FSDP2-sharded over all ranks (``dp``), as in torchtitan. The experts' forward becomes Graft's
 all-to-all dispatch, the local experts as grouped GEMMs, and the all-to-all combine
-(`graft.engine.expert_parallel`): ``GptOssExperts`` follows transformers' experts convention
+(`graft.engine.apply_expert_parallel`): ``GptOssExperts`` follows transformers' experts convention
 (transposed, interleaved ``gate_up_proj`` with its clamped SwiGLU in ``_apply_gate``, biases), so
 the computation is transformers' own, only distributed.
 """
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
-    from graft.engine.parallel_dims import ParallelMeshes
+    from graft.engine import ParallelMeshes
     from graft.models import ModelFamily
 
 
@@ -42,10 +42,10 @@ def parallelize_gpt_oss(model: torch.nn.Module, family: ModelFamily, *, cfg: Any
                         meshes: ParallelMeshes | None = None) -> torch.nn.Module:
     """Checkpoint, compile, let plugins transform, split the experts over ``ep`` (when
     ``engine.ep_size > 1``), then FSDP2: expert blocks over ``efsdp``, the rest over ``dp``."""
-    from graft.engine.expert_parallel import apply_expert_parallel
-    from graft.engine.parallelize import (
+    from graft.engine import (
         apply_activation_checkpointing,
         apply_compile,
+        apply_expert_parallel,
         apply_fsdp,
         apply_pre_shard_hooks,
         mixed_precision_policy,

@@ -129,12 +129,12 @@ class EchoRollout:
     llm = None
 
     def request_extras(self, *names):
-        from graft.rollout.types import refuse_extras
+        from graft.rollout import refuse_extras
 
         refuse_extras(self.kind, names)
 
     def generate(self, prompts, spec):
-        from graft.rollout.types import RolloutSample
+        from graft.rollout import RolloutSample
 
         return [RolloutSample(list(p), [p[-1]], None) for p in prompts]
 

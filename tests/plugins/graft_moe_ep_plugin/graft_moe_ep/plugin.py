@@ -10,9 +10,9 @@ from graft import hookimpl
 
 def parallelize_with_experts(model, family, *, cfg, mesh, device, role, meshes):
     """Checkpoint, compile, plugins, then experts over ``ep`` and everything sharded."""
-    from graft.engine.expert_parallel import apply_expert_parallel
-    from graft.engine.parallelize import (
+    from graft.engine import (
         apply_activation_checkpointing,
+        apply_expert_parallel,
         apply_fsdp,
         apply_pre_shard_hooks,
         mixed_precision_policy,
@@ -37,7 +37,7 @@ def parallelize_with_experts(model, family, *, cfg, mesh, device, role, meshes):
 
 @hookimpl
 def graft_model_families():
-    from graft.models.builtin import BUILTIN_FAMILIES
+    from graft.models import BUILTIN_FAMILIES
 
     core = next(f for f in BUILTIN_FAMILIES if f.model_type == "qwen3_moe")
     return [dataclasses.replace(core, parallelize=parallelize_with_experts, expert_parallel=True)]
