@@ -1,4 +1,5 @@
-"""graft-gpt-oss's family: plugin conformance, the preset's conformance, expert parallelism."""
+"""graft-gpt-oss's family: plugin conformance, the preset's conformance, expert parallelism,
+packed masks on every supported transformers."""
 
 from __future__ import annotations
 
@@ -20,3 +21,28 @@ def test_tiny_preset_passes_the_family_conformance_check() -> None:
 def test_the_family_implements_expert_parallelism() -> None:
     family = family_for("gpt_oss")
     assert family.expert_parallel and family.parallelize is parallelize_gpt_oss
+
+
+def test_packed_masks_name_the_cache_as_the_installed_transformers_does() -> None:
+    import warnings
+
+    import torch
+    import transformers
+    from packaging.version import Version
+    from transformers.masking_utils import create_causal_mask
+
+    from graft.models import preset_config
+    from graft_gpt_oss.family import cache_argument, packed_masks
+
+    renamed = Version(transformers.__version__).release >= (5, 24)
+    assert cache_argument(create_causal_mask) == ("cache" if renamed else "past_key_values")
+    config = preset_config("gpt_oss", {}, sliding_window=2)
+    config._attn_implementation = "sdpa"
+    position_ids = torch.tensor([[0, 1, 2, 0, 1]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a deprecated argument name warns
+        masks = packed_masks(config, position_ids, torch.float32)
+    causal = torch.block_diag(torch.ones(3, 3), torch.ones(2, 2)).tril().bool()  # two rows packed
+    window = causal & ~torch.ones(5, 5, dtype=torch.bool).tril(-2)  # the last 2 positions only
+    assert torch.equal(masks["full_attention"][0, 0], causal)
+    assert torch.equal(masks["sliding_attention"][0, 0], window)

@@ -26,10 +26,19 @@ def packed_masks(config: PretrainedConfig, position_ids: torch.Tensor,
     from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
     embeds = torch.empty((*position_ids.shape, 1), dtype=dtype, device=position_ids.device)
-    # Positional: the cache argument is named past_key_values up to transformers 5.19, cache after.
-    args = (config, embeds, None, None)
-    return {"full_attention": create_causal_mask(*args, position_ids=position_ids),
-            "sliding_attention": create_sliding_window_causal_mask(*args, position_ids=position_ids)}
+    return {layer_type: make(config, embeds, attention_mask=None, position_ids=position_ids,
+                             **{cache_argument(make): None})
+            for layer_type, make in (("full_attention", create_causal_mask),
+                                     ("sliding_attention", create_sliding_window_causal_mask))}
+
+
+def cache_argument(mask_function: Any) -> str:
+    """The name ``mask_function`` (transformers' ``create_*_mask``) takes the KV cache by:
+    ``past_key_values`` through transformers 5.23, ``cache`` from 5.24 (which still accepts the
+    old name, deprecated, until 5.40)."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(mask_function).parameters else "past_key_values"
 
 
 def routing_weights(router: torch.nn.Module, logits: torch.Tensor,
