@@ -65,7 +65,8 @@ def graft_model_families() -> list[Any]:
 
     Return a list of `graft.models.ModelFamily` objects: presets, decoder blocks, packing rule and
     packed masks, router modules, weight initialisation, an optional ``parallelize`` function
-    and whether it implements expert parallelism (``expert_parallel``). Export layouts are not
+    (called with keyword arguments, any subset of ``model, family, cfg, mesh, device, role,
+    meshes``) and whether it implements expert parallelism (``expert_parallel``). Export layouts are not
     part of a family: they go through ``graft_export_slots``. A family from a plugin replaces
     the core's built-in family of the same ``model_type``; two plugins providing the same
     ``model_type`` is an error naming both.
@@ -176,10 +177,16 @@ def graft_reward_functions() -> dict[str, Any]:
     When: once per process, when the config is validated and when an RL run starts. Who:
     plugins adding a reward (a verifier, a reward model call); every rank.
 
-    Return ``{name: fn}``; ``fn(response_text, sample)`` gets the decoded response (without
-    special tokens) and the `graft.data.tasks.TextSample` it answers (``prompt``, ``response``,
-    ``answer``) and returns a float. Two providers of one name is an error. Must not mutate
-    anything. Not ``firstresult``.
+    Return ``{name: fn}`` or ``{name: graft.rl.RewardFunction(fn, data_sources=..., pool=...)}``
+    (the ``data_source`` values ``algorithm.reward=auto`` scores with it; threads or worker
+    processes). ``fn`` is called with keyword arguments and gets those it declares of
+    ``response`` (the decoded response, without special tokens), ``sample`` (the
+    `graft.data.tasks.TextSample` it answers: ``prompt``, ``answer``, ``data_source``,
+    ``extra_info``, ``origin``) and ``cfg`` (the root config); it returns a number. It runs in
+    a pool of ``algorithm.reward_workers`` threads or processes, each sample within
+    ``algorithm.reward_timeout_s``. A function needing any other argument is refused when the
+    plugin registers. Two providers of one name is an error. Must not mutate anything.
+    Not ``firstresult``.
     """
 
 
@@ -192,7 +199,7 @@ def graft_advantage_estimators() -> dict[str, Any]:
 
     Return ``{name: estimator}``: a `graft.rl.advantages.AdvantageEstimator` (its ``compute``
     and the smallest ``rollout.n`` it works with) or a plain function.
-    ``compute(rewards, *, group_size, cfg)`` (any subset of the keywords) gets this rank's
+    ``compute(*, rewards, group_size, cfg)`` (keyword arguments; any subset) gets this rank's
     rewards ``(N,)`` float64, consecutive groups of ``group_size`` samples of one prompt, and the
     root config, and returns one advantage per sample ``(N,)``. The core provides ``grpo`` and
     ``rloo``; two providers of one name is an error. Must not mutate anything.

@@ -1,4 +1,8 @@
-"""Reading prompt/response datasets from JSONL and Parquet, with errors that point at the line."""
+"""Reading dataset files (JSONL and Parquet) into records, with errors that point at the line.
+
+Parquet columns come back as Python values: a struct column (verl's ``reward_model``,
+``extra_info``) as a dict, a list column (chat messages) as a list of dicts.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graft.data.tasks import TextSample
 from graft.errors import DataError
 
 
@@ -19,11 +22,12 @@ class Record:
     fields: dict[str, Any]
 
 
-def read_records(path: str) -> list[Record]:
-    """Every record of a ``.jsonl`` or ``.parquet`` file, with its 1-based line or row."""
+def read_records(path: str, setting: str = "data.path") -> list[Record]:
+    """Every record of a ``.jsonl`` or ``.parquet`` file, with its 1-based line or row;
+    ``setting`` names the config key that gave ``path`` in errors."""
     file = Path(path).expanduser()
     if not file.is_file():
-        raise DataError(f"dataset file {path!r} does not exist (data.path)")
+        raise DataError(f"dataset file {path!r} does not exist ({setting})")
     if file.suffix == ".jsonl":
         return _read_jsonl(file)
     if file.suffix == ".parquet":
@@ -33,6 +37,8 @@ def read_records(path: str) -> list[Record]:
             rows = pq.read_table(file).to_pylist()
         except Exception as exc:  # noqa: BLE001 - pyarrow raises many error types
             raise DataError(f"dataset file {path!r} is not a readable Parquet file: {exc}") from exc
+        if not rows:
+            raise DataError(f"dataset file {file} holds no records")
         return [Record(f"{file}, row {number}", row) for number, row in enumerate(rows, start=1)]
     raise DataError(f"dataset file {path!r}: unsupported extension {file.suffix!r}; use .jsonl "
                     f"or .parquet")
@@ -56,26 +62,3 @@ def _read_jsonl(file: Path) -> list[Record]:
     if not records:
         raise DataError(f"dataset file {file} holds no records")
     return records
-
-
-def records_to_samples(records: list[Record], *, prompt_key: str,
-                       response_key: str, answer_key: str,
-                       require_response: bool) -> list[TextSample]:
-    """Pick the configured columns; a missing column names the record, its line and its keys.
-
-    The answer defaults to the response when the answer column is absent. Each sample's
-    ``origin`` is its record's location.
-    """
-    needed = [prompt_key] + ([response_key] if require_response else [])
-    samples = []
-    for number, record in enumerate(records, start=1):
-        fields = record.fields
-        missing = [key for key in needed if key not in fields]
-        if missing:
-            raise DataError(f"{record.location}: record {number} has no {missing[0]!r} field (it "
-                            f"has: {', '.join(map(str, fields))}); set data.prompt_key / "
-                            f"data.response_key to the dataset's column names")
-        response = str(fields.get(response_key, ""))
-        samples.append(TextSample(str(fields[prompt_key]), response,
-                                  str(fields.get(answer_key, response)), origin=record.location))
-    return samples

@@ -9,20 +9,31 @@ import random
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+# A chat prompt: messages {"role": ..., "content": ...}, rendered with the chat template.
+Messages = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class TextSample:
     """One example: the prompt, the reference response, and the answer a reward checks.
 
+    ``prompt`` is text (tokenized as it is) or chat messages (`Messages`, rendered with the
+    chat template). ``answer`` is None when the data has none (``data.answer_key=null``).
     ``origin`` says where it comes from, for error messages: ``"<file>, line <N>"`` (JSONL,
     1-based) or ``"<file>, row <N>"`` (Parquet, 1-based); empty for synthetic tasks.
+    ``data_source`` and ``extra_info`` are the record's own fields of those names (verl's
+    layout), which rewards may use (``algorithm.reward=auto`` picks the reward by
+    ``data_source``); empty and None when absent.
     """
 
-    prompt: str
+    prompt: str | Messages
     response: str
-    answer: str
+    answer: str | None
     origin: str = ""
+    data_source: str = ""
+    extra_info: dict[str, Any] | None = None
 
 
 def _letters(rng: random.Random, low: int, high: int) -> str:
@@ -54,7 +65,7 @@ def pattern_task(rng: random.Random) -> TextSample:
 
 def exact_match_reward(response: str, sample: TextSample) -> float:
     """1.0 when the response (whitespace-trimmed) equals the answer, else 0.0."""
-    return 1.0 if response.strip() == sample.answer.strip() else 0.0
+    return 1.0 if response.strip() == _answer_of(sample).strip() else 0.0
 
 
 def positional_match_reward(response: str, sample: TextSample) -> float:
@@ -62,8 +73,19 @@ def positional_match_reward(response: str, sample: TextSample) -> float:
 
     Partial credit, so a policy that starts from random text still sees a signal.
     """
-    answer = sample.answer
+    answer = _answer_of(sample)
     return sum(a == b for a, b in zip(response, answer, strict=False)) / max(len(answer), 1)
+
+
+def _answer_of(sample: TextSample) -> str:
+    """The answer a rule-based reward compares with; a `DataError` naming the sample if none."""
+    if sample.answer is None:
+        from graft.errors import DataError
+
+        raise DataError(f"{sample.origin or 'a sample'} has no answer to compare the response "
+                        f"with (data.answer_key=null); set data.answer_key to the answer's key, "
+                        f"or choose a reward that needs none (algorithm.reward)")
+    return sample.answer
 
 
 @dataclass(frozen=True)

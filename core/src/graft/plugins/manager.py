@@ -21,6 +21,7 @@ from graft import hookspecs
 from graft._version import __version__
 from graft.errors import PluginError
 from graft.plugins.discovery import Candidate, check_names_exist, discover_candidates
+from graft.plugins.registry import verify_registry_entries
 from graft.plugins.tracing import TRACE_ENV, install_tracing
 from graft.plugins.validation import verify_plugin
 
@@ -119,6 +120,7 @@ class GraftPluginManager:
         self.pm.register(plugin, name=name)
         try:
             sections = self._collect_sections(plugin, name)
+            verify_registry_entries(self, name)  # registry functions callable by keywords
         except Exception:
             self.pm.unregister(name=name)
             raise

@@ -72,5 +72,6 @@ def advantage_estimators(manager: GraftPluginManager | None = None
 def compute_advantages(estimator: AdvantageEstimator, rewards: torch.Tensor, *,
                        group_size: int, cfg: Any) -> torch.Tensor:
     """One float32 advantage per sample from ``estimator`` (rewards in consecutive groups)."""
-    out = call_with_keywords(estimator.compute, rewards.double(), group_size=group_size, cfg=cfg)
+    out = call_with_keywords(estimator.compute, rewards=rewards.double(), group_size=group_size,
+                             cfg=cfg)
     return out.float()

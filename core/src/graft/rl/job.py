@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from graft.data.dataset import encode_prompts, load_text_samples
+from graft.data.dataset import load_prompts
 from graft.data.sampler import EpochSampler
 from graft.engine.distributed import DistEnv, all_reduce
 from graft.engine.micro_batch import MicroBatch, TokenSample
@@ -29,7 +29,7 @@ from graft.plugins import get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
 from graft.rl.advantages import advantage_estimators, compute_advantages
 from graft.rl.kl import kl_penalty
-from graft.rl.rewards import resolve_reward
+from graft.rl.rewards import RewardScorer
 from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
 
 MISMATCH = "train_infer_logprob_diff"
@@ -77,10 +77,10 @@ class RLJob:
         self.cfg = cfg
         self.env = env
         self.tokenizer = tokenizer
-        self.texts = load_text_samples(cfg.data, seed=cfg.trainer.seed, require_response=False)
-        self.prompts = encode_prompts(self.texts, tokenizer, max_tokens=cfg.data.max_prompt_tokens)
+        prompts = load_prompts(cfg.data, tokenizer, seed=cfg.trainer.seed)
+        self.texts, self.prompts = prompts.samples, prompts.ids
         self.sampler = EpochSampler(len(self.texts), seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
-        self.reward = resolve_reward(cfg.algorithm.reward, cfg.data.source)
+        self.rewards = RewardScorer(cfg, self.texts)  # starts the reward workers
         self.estimator = advantage_estimators()[cfg.algorithm.advantage]
         self.spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p,
                                  cfg.rollout.max_new_tokens)
@@ -112,8 +112,8 @@ class RLJob:
         rollout_s = time.perf_counter() - started
         hook.graft_rollout_end(samples=samples, engine=kind, rollout=self.rollout, cfg=self.cfg)
         texts = [self.texts[i] for i in local for _ in range(n)]
-        rewards = torch.tensor([float(self.reward(self._decode(s), t))
-                                for s, t in zip(samples, texts, strict=True)], dtype=torch.float64)
+        rewards = torch.tensor(self.rewards.score([self._decode(s) for s in samples], texts),
+                               dtype=torch.float64)
         advantages = compute_advantages(self.estimator, rewards, group_size=n, cfg=self.cfg)
         started = time.perf_counter()
         batches = self._micro_batches(engine, samples, advantages)
@@ -123,6 +123,7 @@ class RLJob:
         update_s = time.perf_counter() - started
         metrics.update(self.rollout.sync_weights())
         metrics.update(self._rollout_metrics(samples, rewards, rollout_s, update_s))
+        metrics.update(self.rewards.metrics())
         return metrics
 
     def _decode(self, sample: RolloutSample) -> str:
@@ -231,7 +232,9 @@ class RLJob:
         self.sampler.load_state_dict(state["sampler"])
 
     def close(self) -> None:
-        """Stop the rollout engine and drop the frozen reference (at the end of a run)."""
+        """Stop the rollout engine and the reward workers, and drop the frozen reference (at
+        the end of a run)."""
+        self.rewards.close()
         if self.rollout is not None:
             self.rollout.close()
         self.rollout = self.reference = None

@@ -34,7 +34,9 @@ class SFTJob:
         data = cfg.data
         texts = load_text_samples(data, seed=cfg.trainer.seed, require_response=True)
         self.samples = tokenize_sft(texts, tokenizer, max_prompt_tokens=data.max_prompt_tokens,
-                                    max_response_tokens=data.max_response_tokens)
+                                    max_response_tokens=data.max_response_tokens,
+                                    chat_template=data.chat_template,
+                                    overlong_prompts=data.overlong_prompts)
         self.sampler = EpochSampler(len(self.samples), seed=cfg.trainer.seed, shuffle=data.shuffle)
 
     def attach(self, engine: TrainEngine, run_dir: Any) -> None:
