@@ -28,6 +28,10 @@ from graft.plugins.keywords import call_with_keywords
 
 # (the reward: a `graft.rl.rewards.RewardFunction`, the decoded response, the sample it answers)
 RewardTask = tuple[Any, str, Any]
+# Tasks sent ahead to each worker: it never waits for the parent between samples (a round trip
+# per sample cost more than a math-verify check on a busy machine); a stuck sample's followers
+# are sent again to another worker.
+QUEUE_DEPTH = 8
 
 
 @dataclass
@@ -67,13 +71,14 @@ class _ThreadWorker:
     def __init__(self, outbox: queue.SimpleQueue, cfg: Any) -> None:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.outbox, self.cfg = outbox, cfg
+        self.abandoned = False
         threading.Thread(target=self._loop, name="graft-reward", daemon=True).start()
 
     def send(self, index: int, task: RewardTask) -> None:
         self.inbox.put((index, task))
 
     def _loop(self) -> None:
-        while (item := self.inbox.get()) is not None:
+        while (item := self.inbox.get()) is not None and not self.abandoned:
             index, (reward, response, sample) = item
             try:
                 _preload(reward)
@@ -84,6 +89,7 @@ class _ThreadWorker:
                 self.outbox.put((self, "error", index, (exc, traceback.format_exc())))
 
     def stop(self, *, abandon: bool = False) -> None:
+        self.abandoned = abandon  # a stuck thread that wakes up drops the rest of its inbox
         self.inbox.put(None)  # a stuck thread never reads it; as a daemon it cannot block exit
 
 
@@ -200,36 +206,38 @@ class RewardPool:
         """Score every task; a reward's error is raised here (after the batch stops)."""
         result = PoolResult([0.0] * len(tasks))
         waiting = deque(range(len(tasks)))
-        busy: dict[Any, list[Any]] = {}  # worker -> [task index, deadline or None]
-        while waiting or busy:
-            self._dispatch(tasks, waiting, busy)
-            for worker, kind, index, payload in self._events(busy):
-                if worker not in busy or busy[worker][0] != index:
-                    continue  # an abandoned thread finishing late
+        queued: dict[Any, deque[int]] = {}  # worker -> the indices sent to it, in order
+        running: dict[Any, tuple[int, float]] = {}  # worker -> (started index, its deadline)
+        while waiting or any(queued.values()):
+            self._dispatch(tasks, waiting, queued)
+            for worker, kind, index, payload in self._events(queued, running):
+                if index not in queued.get(worker, ()):
+                    continue  # an abandoned worker answering late
                 if kind == "started":
-                    busy[worker][1] = time.monotonic() + self.timeout_s
+                    running[worker] = (index, time.monotonic() + self.timeout_s)
                 elif kind == "done":
                     result.scores[index] = payload
-                    del busy[worker]
+                    queued[worker].remove(index)
+                    running.pop(worker, None)
                 else:
-                    for other in list(busy):  # their late answers must not reach a later batch
+                    for other in list(queued):  # their late answers must not reach a later batch
                         self._drop(other, abandon=True)
                     self._raise(payload, tasks[index])
-            self._expire(busy, result)
+            self._expire(queued, running, waiting, result)
         result.timed_out.sort()
         return result
 
-    def _dispatch(self, tasks: Sequence[RewardTask], waiting: deque, busy: dict) -> None:
-        """Give each idle worker a task, starting workers up to the pool's size."""
-        while waiting:
-            idle = next((w for w in self.workers if w not in busy), None)
-            if idle is None and len(self.workers) < self.size:
-                idle = self._start_worker()
-            if idle is None:
-                return
-            index = waiting.popleft()
-            idle.send(index, tasks[index])
-            busy[idle] = [index, None]
+    def _dispatch(self, tasks: Sequence[RewardTask], waiting: deque, queued: dict) -> None:
+        """Keep up to `QUEUE_DEPTH` tasks in every worker (so none waits for the parent between
+        samples), starting workers up to the pool's size."""
+        while len(self.workers) < min(self.size, len(waiting) + sum(map(len, queued.values()))):
+            self._start_worker()
+        for worker in self.workers:
+            mine = queued.setdefault(worker, deque())
+            while waiting and len(mine) < QUEUE_DEPTH:
+                index = waiting.popleft()
+                worker.send(index, tasks[index])
+                mine.append(index)
 
     def start(self, preload: tuple[str, ...] = ()) -> None:
         """Start every worker now (processes import ``preload`` while the caller goes on), so
@@ -248,14 +256,11 @@ class RewardPool:
         self.workers.append(worker)
         return worker
 
-    def _wait_s(self, busy: dict) -> float | None:
-        """Until the nearest deadline (None: no started sample, wait for an event)."""
-        deadlines = [deadline for _, deadline in busy.values() if deadline is not None]
-        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-
-    def _events(self, busy: dict) -> list[tuple[Any, str, int, Any]]:
-        """The workers' messages that arrive before the nearest deadline."""
-        timeout = self._wait_s(busy)
+    def _events(self, queued: dict, running: dict) -> list[tuple[Any, str, int, Any]]:
+        """The workers' messages that arrive before the nearest deadline (all of them that are
+        there once one is)."""
+        deadlines = [deadline for _, deadline in running.values()]
+        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
         if self.kind == "thread":
             try:
                 events = [self._outbox.get(timeout=timeout)]
@@ -264,32 +269,39 @@ class RewardPool:
             while not self._outbox.empty():
                 events.append(self._outbox.get_nowait())
             return events
-        return self._process_events(busy, timeout)
+        return self._process_events([w for w, mine in queued.items() if mine], timeout)
 
-    def _process_events(self, busy: dict, timeout: float | None) -> list[tuple[Any, str, int, Any]]:
+    def _process_events(self, workers: list[Any],
+                        timeout: float | None) -> list[tuple[Any, str, int, Any]]:
         from multiprocessing.connection import wait
 
-        by_conn = {worker.conn: worker for worker in busy}
+        by_conn = {worker.conn: worker for worker in workers}
         events = []
         for conn in wait(list(by_conn), timeout):
             worker = by_conn[conn]
             try:
-                kind, index, payload = conn.recv()
+                while True:
+                    kind, index, payload = conn.recv()
+                    events.append((worker, kind, index, payload))
+                    if not conn.poll():
+                        break
             except (EOFError, OSError):
                 code = worker.exit_code()
                 self._drop(worker)
                 raise RuntimeError(f"a reward worker process died (exit code {code}) while "
-                                   f"scoring sample {busy[worker][0]} of the batch") from None
-            events.append((worker, kind, index, payload))
+                                   f"scoring a batch") from None
         return events
 
-    def _expire(self, busy: dict, result: PoolResult) -> None:
-        """Score 0 for every sample past its deadline; its worker is replaced."""
+    def _expire(self, queued: dict, running: dict, waiting: deque, result: PoolResult) -> None:
+        """Score 0 for every sample past its deadline; its worker is replaced and the samples
+        queued behind it go back to the front of the line."""
         now = time.monotonic()
-        for worker, (index, deadline) in list(busy.items()):
-            if deadline is not None and now >= deadline:
+        for worker, (index, deadline) in list(running.items()):
+            if now >= deadline:
                 result.timed_out.append(index)
-                del busy[worker]
+                del running[worker]
+                behind = [i for i in queued.pop(worker) if i != index]
+                waiting.extendleft(reversed(behind))
                 self._drop(worker, abandon=True)
 
     def _drop(self, worker: Any, *, abandon: bool = False) -> None:
