@@ -121,3 +121,27 @@ def test_overrides_after_options_are_collected(run_graft, tmp_path: Path) -> Non
 def test_unknown_option_is_rejected(run_graft) -> None:
     result = run_graft(["plugins", "--jsn"])
     assert result.returncode == 2 and "--jsn" in result.stderr
+
+
+def test_bare_graft_prints_the_help(run_graft) -> None:
+    script = Path(sys.executable).with_name("graft")
+    for result in (run_graft([]), subprocess.run([str(script)], capture_output=True, text=True)):
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("usage: graft") and result.stderr == ""
+        for command in ("train", "plugins", "config", "ckpt", "export"):
+            assert f"    {command} " in result.stdout, result.stdout
+
+
+def test_a_stray_word_without_a_command_is_still_an_error(run_graft) -> None:
+    result = run_graft(["trainer.total_steps=3"])
+    assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def test_config_check_counts_one_file_in_the_singular(run_graft, tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("trainer:\n  total_steps: 3\n")
+    result = run_graft(["config", "check", str(good)])
+    assert result.returncode == 0 and result.stdout.endswith("\n1 config file valid\n"), result.stdout
+    good.write_text("trainer:\n  total_step: 3\n")
+    failed = run_graft(["config", "check", str(good)])
+    assert failed.returncode == 2 and "1 of 1 config file is invalid" in failed.stderr

@@ -65,22 +65,33 @@ def read_manifest(root: Path) -> dict[str, dict[str, Any]]:
         raise CheckpointError(f"{path} is corrupted: {exc}") from exc
 
 
-def verify_files(root: Path, *, checksums: bool, rank: int = 0, world: int = 1) -> None:
-    """Check every file the manifest lists: present, same size, and (optionally) same SHA-256.
+# What `verify_files` tells a run about to resume from a damaged checkpoint.
+RESUME_ADVICE = "resume from an older checkpoint (checkpoint.resume=PATH) or start over"
+
+
+def size_problems(root: Path, entries: dict[str, dict[str, Any]]) -> list[str]:
+    """For each file the manifest lists that is missing or has another size on disk: what is
+    wrong with it (a sentence naming the file)."""
+    problems = []
+    for name, expected in entries.items():
+        path = root / name
+        if not path.is_file():
+            problems.append(f"{path} is missing")
+        elif path.stat().st_size != expected["size"]:
+            problems.append(f"{path} has {path.stat().st_size} bytes, the checkpoint wrote "
+                            f"{expected['size']} (truncated or overwritten)")
+    return problems
+
+
+def verify_files(root: Path, *, checksums: bool, rank: int = 0, world: int = 1,
+                 advice: str = RESUME_ADVICE) -> None:
+    """Check every file the manifest lists: present, same size, and (optionally) same SHA-256;
+    a `CheckpointError` naming the first damaged file ends with ``advice`` (what to do).
 
     With several ranks the checksum work is shared and the first failure is raised everywhere.
     """
     entries = read_manifest(root)
-    problem = None
-    for name, expected in entries.items():
-        path = root / name
-        if not path.is_file():
-            problem = f"{path} is missing"
-        elif path.stat().st_size != expected["size"]:
-            problem = (f"{path} has {path.stat().st_size} bytes, the checkpoint wrote "
-                       f"{expected['size']} (truncated or overwritten)")
-        if problem:
-            break
+    problem = next(iter(size_problems(root, entries)), None)  # the first one
     if problem is None and checksums:
         for name in _split_work(list(entries), rank, world):
             if sha256_of(root / name) != entries[name]["sha256"]:
@@ -91,5 +102,4 @@ def verify_files(root: Path, *, checksums: bool, rank: int = 0, world: int = 1) 
         dist.all_gather_object(problems, problem)
         problem = next((p for p in problems if p), None)
     if problem:
-        raise CheckpointError(f"checkpoint {root} is damaged: {problem}; resume from an older "
-                              f"checkpoint (checkpoint.resume=PATH) or start over")
+        raise CheckpointError(f"checkpoint {root} is damaged: {problem}; {advice}")

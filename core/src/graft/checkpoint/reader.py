@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from graft.checkpoint import layout
 from graft.checkpoint.backfill import parameter_of
-from graft.checkpoint.manifest import read_manifest
+from graft.checkpoint.manifest import read_manifest, size_problems
 from graft.checkpoint.safe_io import (
     SafeFileSystemReader,
     SafeLoadPlanner,
@@ -60,6 +60,15 @@ def resolve_checkpoint(path: str | Path) -> Path:
                           f"give {ACCEPTED_FORMS}")
 
 
+def run_dir_of(checkpoint: Path) -> Path | None:
+    """The run directory of a ``<run_dir>/checkpoints/step_<N>`` folder (absolute), or None
+    when the checkpoint is not inside a ``checkpoints`` folder."""
+    folder = Path(os.path.abspath(checkpoint))
+    if folder.parent.name != layout.checkpoints_dir(Path()).name:
+        return None
+    return folder.parent.parent
+
+
 def _parent(path: Path) -> Path:
     # Lexical, so a relative path stays relative ("latest" -> "." -> "..").
     return Path(os.path.normpath(path / os.pardir))
@@ -95,7 +104,8 @@ def _latest_of(run_dir: Path, given: Path) -> Path:
 
 @dataclass
 class CheckpointSummary:
-    """What ``graft ckpt inspect`` reports."""
+    """What ``graft ckpt inspect`` reports; ``size_bytes`` is what is on disk now, and
+    ``damaged_files`` says which files of the manifest are missing or have another size."""
 
     path: str
     step: int
@@ -107,6 +117,7 @@ class CheckpointSummary:
     parameter_count: int
     num_tensors: int
     params_without_optimizer_state: list[str] = field(default_factory=list)
+    damaged_files: list[str] = field(default_factory=list)
     config_yaml: str = ""
 
 
@@ -125,7 +136,9 @@ def summarize(path: Path) -> CheckpointSummary:
     return CheckpointSummary(
         path=str(path), step=trainer["step"], world_size=trainer["world_size"],
         graft_version=trainer.get("graft_version", "?"), saved_at=trainer.get("saved_at", "?"),
-        size_bytes=sum(f["size"] for f in files.values()), num_files=len(files),
+        size_bytes=sum((path / name).stat().st_size for name in files
+                       if (path / name).is_file()),
+        num_files=len(files), damaged_files=size_problems(path, files),
         parameter_count=sum(v.size.numel() for v in params.values()
                             if isinstance(v, TensorStorageMetadata)),
         num_tensors=len(params),
@@ -133,15 +146,17 @@ def summarize(path: Path) -> CheckpointSummary:
         config_yaml=config.read_text() if config.is_file() else "")
 
 
-def load_tensors(path: Path, prefix: str = "model.") -> dict[str, torch.Tensor]:
-    """Every tensor whose key starts with ``prefix``, in full, on CPU (single process)."""
+def load_tensors(path: Path, prefix: str = "model.", *, note: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor whose key starts with ``prefix``, in full, on CPU (single process); a
+    failed read is a `CheckpointError` ending with ``note`` (what to do)."""
     metadata = read_metadata(path).state_dict_metadata
     wanted = {k: torch.empty(tuple(v.size), dtype=v.properties.dtype)
               for k, v in metadata.items()
               if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)}
     if not wanted:
         raise CheckpointError(f"checkpoint {path} holds no tensors under {prefix!r}")
-    with dcp_failures(f"reading the shards of checkpoint {path}"), warnings.catch_warnings():
+    with dcp_failures(f"reading the shards of checkpoint {path}", note=note), \
+            warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming ... load in a single process"
         dcp.load(wanted, storage_reader=SafeFileSystemReader(str(path)),
                  planner=SafeLoadPlanner(), no_dist=True)

@@ -61,7 +61,8 @@ def run_check(args: argparse.Namespace) -> int:
         if result.error is not None:
             print(f"     {result.error}")
     failed = sum(r.error is not None for r in results)
+    files = f"{len(results)} config file{'s' if len(results) != 1 else ''}"
     if failed:
-        raise ConfigError(f"{failed} of {len(results)} config files are invalid")
-    print(f"{len(results)} config files valid")
+        raise ConfigError(f"{failed} of {files} {'is' if len(results) == 1 else 'are'} invalid")
+    print(f"{files} valid")
     return 0

@@ -18,7 +18,12 @@ def add_parser(subparsers: Any) -> None:
                                                "(safetensors, config, tokenizer) from a Graft "
                                                "checkpoint; from_pretrained loads it as is.")
     parser.add_argument("--ckpt", required=True, metavar="DIR", help=CKPT_HELP)
-    parser.add_argument("--out", required=True, metavar="HF_DIR", help="output directory")
+    parser.add_argument("--out", required=True, metavar="HF_DIR",
+                        help="output directory: new, empty, or an export Graft wrote (replaced "
+                             "whole)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace HF_DIR even when it holds files Graft did not write (never "
+                             "a folder holding the checkpoint, the run or the working directory)")
     parser.add_argument("--dtype", default="auto", choices=sorted(DTYPE_NAMES),
                         help="exported dtype (default: the model config's)")
     parser.set_defaults(run=run)
@@ -32,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
     from graft.export.hf import export_checkpoint_to_hf
 
     ckpt = resolve_checkpoint(args.ckpt)
-    count = export_checkpoint_to_hf(ckpt, Path(args.out), dtype_name=DTYPE_NAMES[args.dtype])
+    count = export_checkpoint_to_hf(ckpt, Path(args.out), dtype_name=DTYPE_NAMES[args.dtype],
+                                    force=args.force, label="--out",
+                                    hint="choose a new or empty folder, or pass --force to "
+                                         "replace it")
     print(f"exported {count} tensors from {ckpt} to {args.out}")
     return 0

@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Graft: LLM post-training (RL and SFT) with pip-installable plugins.",
     )
     parser.add_argument("--version", action="version", version=f"graft {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # Not required: a bare `graft` prints this help (see `main`).
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(subparsers)
     return parser
@@ -38,6 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the process exit code (2 for user errors)."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if args.command is None and not extra:
+        parser.print_help()
+        return 0
+    if args.command is None:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}; give a COMMAND")
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if extra and not getattr(args, "takes_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -82,9 +82,18 @@ class Trainer:
                               config_yaml=self.config_yaml)
 
     def export_hf(self, out_dir: Path) -> None:
-        """Write the current weights as a Hugging Face directory (every rank takes part)."""
+        """Write the current weights as a Hugging Face directory (every rank takes part);
+        `ConfigError` when ``out_dir`` holds files Graft did not write."""
+        from graft.checkpoint.layout import read_latest
+
+        latest = read_latest(self.run_dir)
+        saved = (f" (or convert the last checkpoint: `graft export --ckpt {latest} --out "
+                 f"NEW_DIR`)" if latest is not None else ", or set export.hf_at_end=false")
         stats = export_model_to_hf(self.engine.model, out_dir, export_cfg=self.cfg.export,
-                                   tokenizer=self.tokenizer, is_main=self.env.is_main)
+                                   tokenizer=self.tokenizer, is_main=self.env.is_main,
+                                   protected={"the run directory": self.run_dir},
+                                   label="the end-of-run export folder",
+                                   hint=f"move it away and rerun{saved}")
         logger.info("exported %d tensors (%.1f MB) to %s in %.2f s", stats.tensors,
                     stats.bytes_total / 1e6, out_dir, stats.seconds)
 

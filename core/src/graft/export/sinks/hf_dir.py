@@ -1,10 +1,13 @@
 """`HFDirectorySink`: a Hugging Face model directory that ``from_pretrained`` loads as is.
 
 Sharded ``*.safetensors`` files with ``model.safetensors.index.json``, ``config.json``,
-``generation_config.json`` and the tokenizer when there is one. Everything is written into a
+``generation_config.json``, the tokenizer when there is one, and `graft.output_dirs.MARKER`
+(the files Graft wrote, so a later export may replace them). Everything is written into a
 temporary folder that replaces the target at `finish`, so a failed export leaves the previous
-directory untouched. Tensors are in transformers' checkpoint layout (consumer ``hf``); the row
-blocks of an expert-parallel fused tensor are assembled in host memory as they arrive.
+directory untouched; `graft.output_dirs.check_output_dir` decides, at `begin` and again just
+before the swap, whether the target may be replaced. Files get the umask's mode. Tensors are in
+transformers' checkpoint layout (consumer ``hf``); the row blocks of an expert-parallel fused
+tensor are assembled in host memory as they arrive.
 """
 
 from __future__ import annotations
@@ -14,28 +17,38 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
+from graft._version import __version__
 from graft.checkpoint.layout import TMP_PREFIX, replace_dir
 from graft.export.context import HF_LAYOUT
 from graft.export.sinks.base import RowAssembler, RowBlock
+from graft.output_dirs import check_output_dir, give_umask_modes, write_marker
 
 INDEX = "model.safetensors.index.json"
 
 
 class HFDirectorySink:
-    """Writes an export to ``out_dir`` (replaced atomically)."""
+    """Writes an export to ``out_dir`` (replaced atomically).
+
+    ``protected`` and ``force`` are `check_output_dir`'s: folders the target must not be or
+    contain, and whether a folder Graft did not write may be replaced.
+    """
 
     consumer = HF_LAYOUT
 
     def __init__(self, out_dir: str | Path, *, config: Any, architecture: str | None = None,
                  dtype: torch.dtype | None = None, generation_config: Any = None,
-                 tokenizer: Any = None, max_shard_bytes: int = 5 << 30) -> None:
+                 tokenizer: Any = None, max_shard_bytes: int = 5 << 30,
+                 protected: Mapping[str, Path] | None = None, force: bool = False) -> None:
         self.out_dir = Path(out_dir)
+        self.protected = dict(protected or {})
+        self.force = force
         self.config = config
         self.architecture = architecture
         self.dtype = dtype
@@ -52,7 +65,8 @@ class HFDirectorySink:
         self._rows = RowAssembler()
 
     def begin(self) -> None:
-        """Create the temporary folder next to the target."""
+        """Check the target may be replaced; create the temporary folder next to it."""
+        self.out_dir = self._checked_target()
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = self.out_dir.with_name(f"{TMP_PREFIX}{self.out_dir.name}-{uuid.uuid4().hex[:8]}")
         self._tmp.mkdir()
@@ -94,9 +108,15 @@ class HFDirectorySink:
             index_json = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
             (self._tmp / INDEX).write_text(json.dumps(index_json, indent=2))
         self._write_configs()
-        replace_dir(self._tmp, self.out_dir)
+        give_umask_modes(self._tmp)
+        write_marker(self._tmp, written_by=f"graft {__version__}")
+        replace_dir(self._tmp, self._checked_target())
         self._tmp = None
         self.shapes = self._shapes
+
+    def _checked_target(self) -> Path:
+        return check_output_dir(self.out_dir, protected=self.protected, force=self.force,
+                                label="the export folder")
 
     def abort(self, error: BaseException) -> None:
         """Remove the temporary folder; the previous export (if any) stays."""
