@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 from graft import hookimpl
 from graft_myfeature.losses import graft_loss_agg_modes, graft_loss_aggregate  # noqa: F401
-from graft_myfeature.registries import graft_advantage_estimators, graft_policy_losses  # noqa: F401
+from graft_myfeature.registries import (  # noqa: F401
+    graft_advantage_estimators,
+    graft_policy_losses,
+    graft_reward_functions,
+)
 from graft_myfeature.replay import (  # noqa: F401
     graft_post_forward,
     graft_prepare_inputs,

@@ -1,4 +1,7 @@
-"""Registry entries, selected by name in the config: an advantage estimator and a policy loss."""
+"""Registry entries, selected by name in the config: an advantage estimator, a policy loss and a
+reward."""
+
+import os
 
 from graft import hookimpl
 
@@ -23,6 +26,13 @@ def capped_is_loss(*, logp, advantages, root_cfg, tensors):
     return -advantages * weight * logp, {"is_weight": weight}
 
 
+def prefix_reward(*, response, sample):
+    """The share of the answer the response starts with: partial credit (a reward gets the
+    keywords it names of response, sample and cfg)."""
+    answer = sample.answer or ""
+    return len(os.path.commonprefix([response, answer])) / max(len(answer), 1)
+
+
 @hookimpl
 def graft_advantage_estimators():
     from graft.rl import AdvantageEstimator
@@ -33,3 +43,8 @@ def graft_advantage_estimators():
 @hookimpl
 def graft_policy_losses():
     return {"capped-is": capped_is_loss}
+
+
+@hookimpl
+def graft_reward_functions():
+    return {"prefix": prefix_reward}

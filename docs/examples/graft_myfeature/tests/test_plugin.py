@@ -51,13 +51,23 @@ def test_pairwise_advantages_ignore_scale_and_ties(graft_plugin):
     assert advantages.tolist() == [-1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
 
 
+def test_prefix_reward_gives_partial_credit():
+    from types import SimpleNamespace
+
+    from graft_myfeature.registries import prefix_reward
+
+    sample = SimpleNamespace(answer="abab")
+    assert prefix_reward(response="abzz", sample=sample) == 0.5
+    assert prefix_reward(response="abababab", sample=sample) == 1.0
+
+
 def test_an_rl_step_replays_what_the_old_logprob_pass_kept(graft_plugin, tmp_path):
     graft_plugin(plugin, name="myfeature")
     metrics = graft.train(overrides=[
         f"trainer.run_dir={tmp_path}", "trainer.total_steps=1", "engine.device=cpu",
         "rollout.prompts_per_step=2", "rollout.n=2", "algorithm.mini_batches=2",
         "engine.max_tokens_per_micro_batch=32",
-        "algorithm.advantage=pairwise", "loss.policy_loss=capped-is",
+        "algorithm.advantage=pairwise", "loss.policy_loss=capped-is", "algorithm.reward=prefix",
         "features.myfeature.enabled=true", "checkpoint.save_at_end=false",
         "export.hf_at_end=false"])
     assert metrics[0]["myfeature/replayed_tokens"] > 0
