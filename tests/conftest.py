@@ -23,6 +23,7 @@ SITES = {
     "duplicate": ("graft_demo_plugin", "graft_demo_twin"),
     "typo": ("graft_typo_plugin",),
     "moe_ep": ("graft_moe_ep_plugin",),
+    "meta_blind": ("graft_meta_blind_plugin",),
 }
 
 ENV_KEYS = ("GRAFT_PLUGINS", "GRAFT_DISABLE_PLUGINS", "GRAFT_TRACE_PLUGINS", "GRAFT_DEBUG")

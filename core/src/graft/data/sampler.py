@@ -1,9 +1,28 @@
-"""Which samples each step uses: a seeded permutation per epoch, resumable from its position."""
+"""Which samples each step uses: a seeded permutation per epoch, resumable from its position,
+split over the data-parallel ranks (each takes every ``dp_size``-th index of a global batch)."""
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+
+from graft.errors import ConfigError
+
+
+def check_every_rank_gets_samples(size: int, dp_size: int, *, key: str, what: str) -> None:
+    """`ConfigError` unless a global batch of ``size`` (the config key ``key``, counting
+    ``what``) gives each of ``dp_size`` data-parallel ranks at least one.
+
+    Called at run start: a rank without samples skips work whose collectives the other ranks
+    wait in (RL on 2 ranks with one prompt per step hung in generation; SFT failed on an empty
+    batch).
+    """
+    if size < dp_size:
+        raise ConfigError(
+            f"{key}={size} is less than the number of data-parallel ranks ({dp_size}): each "
+            f"step's {what} are split over the ranks, and a rank with none cannot take part in "
+            f"the others' collectives. Set {key} to at least {dp_size} (a multiple of {dp_size} "
+            f"splits evenly), or run on at most {size} rank{'s' if size > 1 else ''} (--nproc).")
 
 
 @dataclass

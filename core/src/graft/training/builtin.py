@@ -12,15 +12,21 @@ from graft.hookspecs import hookimpl
 
 def rl_job(*, cfg: Any, tokenizer: Any, env: Any) -> Any:
     """Generate, score, update, push weights to the generator, repeat."""
+    from graft.data.sampler import check_every_rank_gets_samples
     from graft.rl.job import RLJob
 
+    check_every_rank_gets_samples(cfg.rollout.prompts_per_step, env.dp_size,
+                                  key="rollout.prompts_per_step", what="prompts")
     return RLJob(cfg, tokenizer, env)
 
 
 def sft_job(*, cfg: Any, tokenizer: Any, env: Any) -> Any:
     """Supervised fine-tuning on prompt/response pairs."""
+    from graft.data.sampler import check_every_rank_gets_samples
     from graft.training.sft import SFTJob
 
+    check_every_rank_gets_samples(cfg.trainer.global_batch_size, env.dp_size,
+                                  key="trainer.global_batch_size", what="samples")
     return SFTJob(cfg, tokenizer, env)
 
 

@@ -1,0 +1,1 @@
+"""graft-meta-blind-plugin: a plugin that silently does nothing on a ``model.path`` run."""
