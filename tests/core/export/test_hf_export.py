@@ -59,20 +59,22 @@ def test_export_of_a_missing_checkpoint_is_a_clear_error(run_graft, tmp_path: Pa
 
 
 def test_end_of_run_export_replaces_only_what_graft_wrote(run_graft, tmp_path: Path) -> None:
-    train = ["train", f"trainer.run_dir={tmp_path}", "trainer.mode=sft", "model.preset=tiny-llama"]
+    """A foreign <run_dir>/hf is refused before training starts (training first and refusing the
+    export after it would leave the weights unwritten with checkpoint.save_at_end=false)."""
+    train = ["train", f"trainer.run_dir={tmp_path}", "trainer.mode=sft", "model.preset=tiny-llama",
+             "trainer.total_steps=2"]
     notes = tmp_path / "hf" / "notes.txt"
     notes.parent.mkdir()
     notes.write_text("precious\n")
-    refused = run_graft([*train, "trainer.total_steps=1"])
+    refused = run_graft([*train, "checkpoint.save_at_end=false"])
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
-    step_1 = tmp_path / "checkpoints" / "step_1"
     assert "holds files Graft did not write (notes.txt" in refused.stderr
-    assert f"graft export --ckpt {step_1} --out NEW_DIR" in refused.stderr
-    assert notes.read_text() == "precious\n" and (step_1 / ".metadata").is_file()
-    notes.unlink()  # an empty folder is fine: the rerun resumes from step_1 and exports
-    resumed = run_graft([*train, "trainer.total_steps=2"])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from {step_1}" in resumed.stderr
+    assert "set export.hf_at_end=false" in refused.stderr
+    assert notes.read_text() == "precious\n" and not (tmp_path / "checkpoints").exists()
+    assert not (tmp_path / "metrics.jsonl").exists()  # nothing trained
+    notes.unlink()  # an empty folder is fine: the run trains and exports into it
+    exported = run_graft(train)
+    assert exported.returncode == 0, exported.stderr[-3000:]
     assert sorted(os.listdir(tmp_path / "hf")) == sorted(
         [".graft-export.json", "config.json", "generation_config.json", "model.safetensors",
          "tokenizer.json", "tokenizer_config.json"])

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from graft.checkpoint.manager import CheckpointManager
+from graft.config.auto import choices_comment, describe_choices, resolve_auto
 from graft.data.tokenizer import load_tokenizer
 from graft.engine.distributed import DistEnv, init_distributed
 from graft.engine.model_setup import build_parallel_model
@@ -18,11 +19,15 @@ from graft.engine.train_engine import TrainEngine
 from graft.errors import ConfigError
 from graft.export.hf import export_model_to_hf
 from graft.models.build import load_local_config
+from graft.output_dirs import check_output_dir
 from graft.plugins import get_plugin_manager
+from graft.training.compile_cache import CacheCounters, use_compile_cache
 from graft.training.job import TrainingJob, build_job
 from graft.training.metrics import MetricsLog, peak_memory_gib, print_summary
 from graft.training.optim import build_optimizer, build_scheduler
 from graft.training.run_dir import config_text, resolve_run_dir, truncate_metrics, write_config
+from graft.training.samples import show, truncate_samples
+from graft.training.timing import process_age_s
 
 logger = logging.getLogger("graft.train")
 
@@ -38,14 +43,29 @@ def build_engine(cfg: Any, env: DistEnv, *, pad_token_id: int) -> TrainEngine:
 
 
 class Trainer:
-    """One training run: `fit` trains ``trainer.total_steps`` steps and returns the metrics."""
+    """One training run: `fit` trains ``trainer.total_steps`` steps and returns the metrics.
+
+    ``cfg`` as composed; `auto` settings are resolved for the device here (`self.cfg` holds
+    the values chosen, config.yaml the settings as written and what `auto` chose in a comment).
+    A job with an ``after_step(engine, step=, total_steps=)`` method (RL: validation, samples)
+    gets it called before the first step (step 0) and after every step; the metrics it returns
+    join the step's (step 0's make a record of their own).
+    """
 
     def __init__(self, cfg: Any) -> None:
-        self.cfg = cfg
         self.manager = get_plugin_manager()
         self.env = init_distributed(device_preference=cfg.engine.device,
                                     ep_size=cfg.engine.ep_size)
         self.run_dir = resolve_run_dir(cfg, is_main=self.env.is_main)
+        written = cfg
+        self.cfg = cfg = self._resolve_auto(cfg)
+        self.compile_cache_dir = use_compile_cache(cfg.engine.compile_cache_dir)
+        self.cache_counters = CacheCounters()
+        self._first_step_done = False
+        if cfg.export.hf_at_end:  # refused before training, not after it (nothing is lost)
+            check_output_dir(self.run_dir / "hf", protected={"the run directory": self.run_dir},
+                             label="the end-of-run export folder",
+                             hint="move it away, or set export.hf_at_end=false")
         torch.manual_seed(cfg.trainer.seed)
         if cfg.model.path:
             load_local_config(cfg.model.path)  # a bad model.path is reported before anything else
@@ -55,12 +75,20 @@ class Trainer:
         _check_vocab(self.tokenizer, self.engine.model.config)
         self.step = 0
         # The config as saved in config.yaml and in every checkpoint (built once, not per save).
-        self.config_yaml = config_text(cfg, str(self.run_dir))
+        self.config_yaml = (config_text(written, str(self.run_dir))
+                            + choices_comment(self.auto_choices))
         if self.env.is_main:
             write_config(self.run_dir, self.config_yaml)
         self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint, self.env)
         self._resume()
         self.job.attach(self.engine, self.run_dir)  # after resume: vLLM starts from these weights
+
+    def _resolve_auto(self, cfg: Any) -> Any:
+        """``cfg`` with its `auto` settings chosen for this rank's device (said on rank 0)."""
+        resolved, self.auto_choices = resolve_auto(cfg, self.env.device.type)
+        if self.env.is_main and self.auto_choices:
+            logger.info("%s", describe_choices(self.auto_choices))
+        return resolved
 
     def _resume(self) -> None:
         path = self.checkpoints.resume_path()
@@ -73,6 +101,7 @@ class Trainer:
         self.job.load_state_dict(state["job"])
         if self.env.is_main:
             truncate_metrics(self.run_dir, self.step)
+            truncate_samples(self.run_dir, self.step)
 
     def save_checkpoint(self) -> None:
         """Checkpoint the current step (model, optimizer, schedule, data position, RNG)."""
@@ -108,8 +137,27 @@ class Trainer:
         metrics.update(lr=self.engine.scheduler.get_last_lr()[0], step_time_s=elapsed,
                        tokens_per_s=metrics["tokens"] / elapsed,
                        peak_memory_gib=peak_memory_gib(self.env.device))
+        if not self._first_step_done:
+            metrics.update(self._first_step_metrics())
+        metrics.update(self._after_step(self.step))
         hook.graft_step_end(step=self.step, metrics=metrics)
         return metrics
+
+    def _first_step_metrics(self) -> dict[str, Any]:
+        """``time_to_first_step_s`` (from this process's start to the end of its first step,
+        said on the console on rank 0) and torch.compile's cache hits and misses so far."""
+        self._first_step_done = True
+        seconds = process_age_s()
+        if self.env.is_main:
+            show(f"time to first step: {seconds:.1f} s (from the start of the process; "
+                 f"compile cache {self.compile_cache_dir})")
+        return {"time_to_first_step_s": seconds, **self.cache_counters.metrics()}
+
+    def _after_step(self, step: int) -> dict[str, Any]:
+        after = getattr(self.job, "after_step", None)
+        if after is None:
+            return {}
+        return after(self.engine, step=step, total_steps=self.cfg.trainer.total_steps)
 
     def fit(self) -> list[dict[str, Any]]:
         """Train until ``trainer.total_steps``; metrics go to the console and metrics.jsonl.
@@ -121,6 +169,8 @@ class Trainer:
         try:
             with MetricsLog(self.run_dir, total_steps=total, enabled=self.env.is_main,
                             tensorboard=self.cfg.trainer.tensorboard) as log:
+                if self.step == 0 and (before := self._after_step(0)):
+                    log.log({"step": 0, **before}, print_line=False)
                 while self.step < total:
                     metrics = self.train_step()
                     log.log(metrics, print_line=self.step % every == 0 or self.step == total)
@@ -131,8 +181,9 @@ class Trainer:
         self.checkpoints.wait()
         if self.cfg.export.hf_at_end:
             self.export_hf(self.run_dir / "hf")
-        if self.env.is_main:
-            print_summary(log.history, self.run_dir, wall_time_s=log.elapsed_s())
+        if self.env.is_main:  # the steps' records (step 0 holds only what ran before them)
+            print_summary([m for m in log.history if m["step"] > 0], self.run_dir,
+                          wall_time_s=log.elapsed_s())
         return log.history
 
 
