@@ -1,12 +1,16 @@
 """GPT-OSS export handlers: fused experts passed through for a HF checkpoint, one expert at a
-time (global ids) for vLLM; the exports of an EP=2 model (2 gloo ranks, `ep_equivalence`)."""
+time (global ids) for vLLM; the exports of an EP=2 model (2 gloo ranks, `ep_equivalence`),
+checked against the code's own indexing and, independently, by loading the per-expert export
+with transformers' own loader."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from graft.config import ModelConfig
 from graft.export.context import VLLM_LAYOUT, ExportContext
@@ -110,3 +114,50 @@ def test_ep2_delta_after_a_sparse_update_equals_a_full_export(ep_equivalence: di
         assert torch.equal(consumer[name], tensor), name
     bytes_sent, bytes_total = exports[f"delta_{layout}_bytes"]
     assert bytes_sent == sent and bytes_total > 30 * sent
+
+
+def per_expert_conversion() -> list:
+    """A transformers conversion mapping that loads per-expert GPT-OSS tensors
+    (``...experts.<id>.<param>``) into the fused parameters, as transformers loads per-expert
+    Mixtral or Qwen2-MoE checkpoints: its loader stacks the experts in the order of their ids."""
+    from transformers.core_model_loading import MergeModulelist, WeightConverter
+
+    return [WeightConverter(source_patterns=[f".experts.*.{param}"],
+                            target_patterns=f".experts.{param}",
+                            operations=[MergeModulelist(dim=0)])
+            for param in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")]
+
+
+@pytest.fixture
+def per_expert_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers loads ``gpt_oss`` checkpoints through `per_expert_conversion` in this test
+    only (its registry is process-wide: a fresh one, put back afterwards)."""
+    from transformers import conversion_mapping
+
+    monkeypatch.setattr(conversion_mapping, "_checkpoint_conversion_mapping_cache", None)
+    monkeypatch.setattr(conversion_mapping, "USER_REGISTERED_MAPPINGS", set())
+    conversion_mapping.register_checkpoint_conversion_mapping("gpt_oss", per_expert_conversion())
+
+
+def test_ep2_vllm_export_loaded_by_transformers_computes_the_trained_logits(
+        ep_equivalence: dict, per_expert_loading: None, tmp_path: Path) -> None:
+    """Independent of the exporter's indexing: transformers places each exported expert by the
+    id in its name, and the model it builds computes exactly the trained model's logits (an
+    expert under another id, or in another orientation, changes them or fails to load)."""
+    from transformers import AutoModelForCausalLM
+
+    trained = build_model(ModelConfig(preset="tiny-gpt-oss"))[0]
+    trained.load_state_dict(ep_equivalence["params"])
+    exported = ep_equivalence["exports"]["vllm"]
+    assert f"{EXPERTS}.7.down_proj" in exported and f"{EXPERTS}.down_proj" not in exported
+    trained.config.save_pretrained(tmp_path)
+    save_file({name: tensor.contiguous() for name, tensor in reversed(exported.items())},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})  # ids, not file order
+    loaded, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    batch = torch.tensor([[1, 70, 83, 84, 93, 4, 69, 70, 71, 30], [1, 21, 22, 15, 23, 33, 40, 41,
+                                                                  42, 43]])
+    with torch.no_grad():
+        expected = trained.eval()(batch, use_cache=False).logits
+        got = loaded.eval()(batch, use_cache=False).logits
+    assert torch.equal(got, expected)
