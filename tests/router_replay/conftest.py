@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import graft_router_replay.plugin as plugin
 from graft.config import compose
 from graft.engine.micro_batch import MicroBatch, TokenSample, build_micro_batch
 from graft.models import build_model
+from graft.training.trainer import Trainer
 
 LENGTHS = (13, 7, 21, 10)
 
@@ -92,12 +94,30 @@ def replayable(graft_plugin) -> Callable[..., Replayable]:
         cfg = compose([f"model.preset={preset}", f"features.router_replay.mode={mode}",
                        *overrides], manager=manager)
         model, family = build_model(cfg.model, seed=1)
-        plugin.graft_pre_shard(model=model, cfg=cfg, role="policy")
+        plugin.graft_pre_shard(model=model, cfg=cfg, mesh=None, role="policy")
         plugin.graft_step_begin()
         made.append(model)
         return Replayable(model, family, cfg)
 
     yield make
+    from graft_router_replay.session import stop_session
+
+    stop_session()
+
+
+@pytest.fixture
+def fit(graft_plugin) -> Callable[..., list[dict]]:
+    """``fit(run_dir, *overrides, steps=2)``: a run in this process (one rank, CPU, nothing
+    saved) with the plugin registered; its metrics rows."""
+    graft_plugin(plugin, name="router_replay")
+
+    def run(tmp_path: Path, *overrides: str, steps: int = 2) -> list[dict]:
+        cfg = compose([f"trainer.run_dir={tmp_path}", f"trainer.total_steps={steps}",
+                       "engine.device=cpu", "checkpoint.every_steps=0",
+                       "checkpoint.save_at_end=false", "export.hf_at_end=false", *overrides])
+        return Trainer(cfg).fit()
+
+    yield run
     from graft_router_replay.session import stop_session
 
     stop_session()

@@ -73,13 +73,28 @@ def test_extra_rows_are_dropped_and_a_full_route_is_all_valid(qwen) -> None:
     assert routes.shape[0] == 10 and bool(valid.all())
 
 
+def test_rows_the_engine_left_zero_are_not_valid_on_a_top_1_model() -> None:
+    routers = routers_of("tiny-qwen3-moe", num_experts_per_tok=1)
+    raw = engine_routes(9, 2, 8, np.uint8)[..., :1] + 1  # ids 1..8: never 0 in every layer
+    raw[raw == 8] = 3
+    raw[[2, 5]] = 0  # tokens the engine did not route (e.g. KV from an external cache)
+    raw[6, 0] = 0  # a token routed to expert 0 in one layer only: a real route
+    routes, valid = ingest_routes(raw, prompt_length=4, response_length=6, routers=routers)
+    assert valid.tolist() == [True, True, False, True, True, False, True, True, True, False]
+    assert torch.equal(routes[:9].long(), torch.from_numpy(raw.astype(np.int64)))
+    with pytest.raises(RouteError, match="every route the engine returned is zero in every layer"):
+        ingest_routes(np.zeros((9, 2, 1), np.uint8), prompt_length=4, response_length=6,
+                      routers=routers)
+
+
 @pytest.mark.parametrize(("raw", "message"), [
     (None, "returned no routed experts"),
     (np.zeros((9, 2, 3), np.uint8), "3 experts per token; the model routes each token to 2"),
     (np.zeros((9, 5, 2), np.uint8), "cover 5 layers; the model has 2 MoE layers"),
     (np.ones((7, 2, 2), np.uint8), "routed 7 tokens .* expected at least 9"),
     (np.full((9, 2, 2), [8, 1], np.uint8), r"expert ids range over \[1, 8\]"),
-    (np.zeros((9, 2, 2), np.uint8), "every route the engine returned repeats an expert"),
+    (np.zeros((9, 2, 2), np.uint8), "every route the engine returned is zero in every layer"),
+    (np.ones((9, 2, 2), np.uint8), "every route the engine returned repeats an expert"),
     (np.zeros(7, np.int32).tobytes(), "are not 9 or 10 tokens"),
 ])
 def test_outputs_that_do_not_fit_the_model_are_refused(qwen, raw, message: str) -> None:

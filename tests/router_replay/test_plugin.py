@@ -6,12 +6,10 @@ from pathlib import Path
 
 import pytest
 
-import graft_router_replay.plugin as plugin
 from graft import hookimpl
 from graft.config import compose
 from graft.errors import ConfigError
 from graft.testing import check_config_section, check_installed_plugin
-from graft.training.trainer import Trainer
 from graft_router_replay.config import RouterReplayConfig
 
 RL = ("rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=6",
@@ -19,22 +17,6 @@ RL = ("rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=6",
 OFF_POLICY = (*RL, "algorithm.mini_batches=2")
 METRICS = ("router_replay/mismatch_fraction", "router_replay/fallback_rows",
            "router_replay/bytes_per_token")
-
-
-@pytest.fixture
-def fit(graft_plugin):
-    graft_plugin(plugin, name="router_replay")
-
-    def run(tmp_path: Path, *overrides: str, steps: int = 2) -> list[dict]:
-        cfg = compose([f"trainer.run_dir={tmp_path}", f"trainer.total_steps={steps}",
-                       "engine.device=cpu", "checkpoint.every_steps=0",
-                       "checkpoint.save_at_end=false", "export.hf_at_end=false", *overrides])
-        return Trainer(cfg).fit()
-
-    yield run
-    from graft_router_replay.session import stop_session
-
-    stop_session()
 
 
 def test_the_installed_plugin_passes_graft_testing() -> None:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import graft_router_replay.plugin as plugin
+from graft.engine import apply_activation_checkpointing
 from graft_router_replay.routes import ROUTES, VALID, real_tokens
 
 # preset -> (MoE layers, positions of the routers replay forces)
@@ -151,7 +152,7 @@ def test_checkpoint_recompute_replays_the_same_layers(replayable, observe) -> No
     plain = gradients()
     fires = []
     handles = [r.register_forward_hook(lambda *_: fires.append(1)) for r in routers]
-    run.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    apply_activation_checkpointing(run.model)  # the engine's engine.activation_checkpointing
     recomputed = gradients()
     assert len(fires) == 2 * len(routers), "backward recomputed every router"
     for handle in handles:

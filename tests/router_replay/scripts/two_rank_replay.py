@@ -4,9 +4,8 @@ usage: [torchrun --nproc-per-node 2] two_rank_replay.py OUT_DIR
 
 The same two micro-batches either way: one rank runs both, two ranks one each. The old-log-prob
 pass records, one SFT step moves the routers, the update pass replays. Rank 0 writes
-``OUT_DIR/result.pt``: the full gradients of the replayed update, the step's metrics, the
-recorded routes of both micro-batches (gathered from the ranks with ``all_gather_routes``) and
-rank 1's routes received with ``broadcast_routes``.
+``OUT_DIR/result.pt``: the full gradients of the replayed update and the step's metrics; every
+rank writes ``OUT_DIR/routes<rank>.pt``, the routes it recorded for its micro-batches.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from graft.engine.micro_batch import TokenSample, build_micro_batch
 from graft.plugins import get_plugin_manager
 from graft.training.sft import sft_loss
 from graft.training.trainer import build_engine
-from graft_router_replay import ROUTES, all_gather_routes, broadcast_routes
+from graft_router_replay import ROUTES
 
 
 def micro_batch_samples() -> list[list[TokenSample]]:
@@ -50,12 +49,9 @@ def main(out_dir: str) -> None:
     hook.graft_step_end(step=1, metrics=metrics)
 
     local = [b.tensors[ROUTES].reshape(-1, *b.tensors[ROUTES].shape[2:]) for b in batches]
-    gathered = [r for routes in local for r in all_gather_routes(routes)]
-    last = local[-1] if env.rank == env.world_size - 1 else None
-    received = broadcast_routes(last, src=env.world_size - 1, device=torch.device("cpu"))
+    torch.save(local, Path(out_dir) / f"routes{env.rank}.pt")
     if env.is_main:
-        torch.save({"grads": grads, "metrics": metrics, "routes": gathered,
-                    "received": received}, Path(out_dir) / "result.pt")
+        torch.save({"grads": grads, "metrics": metrics}, Path(out_dir) / "result.pt")
     del engine
     shutdown_distributed()
     end_torchrun_worker()

@@ -1,8 +1,8 @@
 """graft-router-replay: MoE routing record/replay for Graft (entry point ``router_replay``).
 
 Names other code may use (loaded on first access: importing the plugin stays free of torch):
-the batch keys routes travel under (``ROUTES``, ``VALID``), the engine-output normaliser
-(``ingest_routes``) and the int16-safe collectives (``all_gather_routes``, ``broadcast_routes``).
+the batch keys routes travel under (``ROUTES``, ``VALID``) and the engine-output normaliser
+(``ingest_routes``).
 """
 
 from typing import Any
@@ -13,8 +13,6 @@ _LAZY = {
     "ROUTES": "graft_router_replay.routes",
     "VALID": "graft_router_replay.routes",
     "ingest_routes": "graft_router_replay.ingest",
-    "all_gather_routes": "graft_router_replay.collectives",
-    "broadcast_routes": "graft_router_replay.collectives",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -41,11 +41,28 @@ def ingest_routes(raw: Any, *, prompt_length: int, response_length: int,
     routes = torch.zeros((total, *ids.shape[1:]), dtype=torch.int16)
     routes[:len(ids)] = to_routes(ids, routers.num_experts)
     valid = torch.zeros(total, dtype=torch.bool)
-    valid[:len(ids)] = True
+    valid[:len(ids)] = returned_rows(routes[:len(ids)])
+    if len(ids) and not bool(valid.any()):
+        raise RouteError("every route the engine returned is zero in every layer: the engine "
+                         "filled no row (its capture is broken, or it ran without it)")
     if routers.top_k > 1 and len(ids) and bool(duplicate_rows(routes[:len(ids)]).all()):
         raise RouteError("every route the engine returned repeats an expert (all-zero routes?); "
                          "the engine's capture is broken (vLLM PR #49184 fixed one such kernel)")
     return routes, valid
+
+
+def returned_rows(routes: torch.Tensor) -> torch.Tensor:
+    """``(tokens,)``: True for the tokens the engine routed, False for rows it left zero.
+
+    Engines capture routes into zero-initialised buffers and return rows they did not fill
+    (tokens whose KV came from elsewhere: an external or offloaded KV cache, a prefill on
+    another node) as zeros in every layer. With top-k > 1 such a row repeats expert 0 and
+    routes natively anyway (`routes.native_rows`); with top-1 it would replay expert 0 in
+    every layer, so a token whose ids are 0 in every MoE layer counts as not routed. A token the
+    router really sent to expert 0 in every layer (chance ``num_experts ** -moe_layers`` for
+    top-1) then routes natively, as a token without a route does.
+    """
+    return routes.reshape(routes.shape[0], -1).any(dim=-1)
 
 
 def _as_array(raw: Any, routers: RouterMap, total: int) -> torch.Tensor:

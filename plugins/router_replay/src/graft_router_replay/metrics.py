@@ -16,15 +16,22 @@ _NAMES = ("mismatched", "choices", "fallback_rows", "real_rows", "route_bytes", 
 
 class ReplayCounters:
     """Counts of one step: replayed choices, how many differ from native routing, rows that
-    fell back to native routing, and the bytes the routes take."""
+    fell back to native routing, and the bytes the routes take.
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    The counts live on the device of the tensors they count (the forward's), created at the
+    first count of a step: nothing is decided from the model's parameters, which a model built
+    from ``model.path`` holds on the meta device until it is sharded and filled.
+    """
+
+    def __init__(self, reduce_device: torch.device | None = None) -> None:
+        """``reduce_device``: where the step's counts are summed over ranks (the process group's
+        device: CPU for gloo, the rank's GPU for NCCL); None: where they were counted."""
+        self.reduce_device = reduce_device
         self.reset()
 
     def reset(self) -> None:
         """Start a new step."""
-        self.totals = torch.zeros(len(_NAMES), dtype=torch.float64, device=self.device)
+        self.totals: torch.Tensor | None = None
 
     def add_layer(self, native_ids: torch.Tensor, replayed_ids: torch.Tensor,
                   replayed: torch.Tensor, fallback: torch.Tensor) -> None:
@@ -35,11 +42,16 @@ class ReplayCounters:
         mismatched = (~found & replayed[:, None]).sum()
         choices = replayed.sum() * replayed_ids.shape[1]
         real = replayed.sum() + fallback.sum()
-        self.totals[:4] += torch.stack([mismatched, choices, fallback.sum(), real]).double()
+        self._add(0, torch.stack([mismatched, choices, fallback.sum(), real]))
 
     def add_storage(self, bytes_per_token: int, tokens: torch.Tensor) -> None:
         """A replayed micro-batch's ``tokens`` real tokens, each holding ``bytes_per_token``."""
-        self.totals[4:] += torch.stack([tokens * bytes_per_token, tokens]).double()
+        self._add(4, torch.stack([tokens * bytes_per_token, tokens]))
+
+    def _add(self, start: int, values: torch.Tensor) -> None:
+        if self.totals is None:
+            self.totals = torch.zeros(len(_NAMES), dtype=torch.float64, device=values.device)
+        self.totals[start:start + len(values)] += values.double()
 
     def metrics(self) -> dict[str, float]:
         """The step's metrics, summed over all ranks (call on every rank).
@@ -49,7 +61,10 @@ class ReplayCounters:
         (per MoE layer) routed natively. ``bytes_per_token``: bytes of stored routes per token.
         All 0 in a step that replayed nothing (R2 on-policy: the update records nothing).
         """
-        totals = self.totals.clone()
+        device = self.reduce_device or (self.totals.device if self.totals is not None
+                                        else torch.device("cpu"))
+        totals = (torch.zeros(len(_NAMES), dtype=torch.float64, device=device)
+                  if self.totals is None else self.totals.to(device, copy=True))
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(totals)
         mismatched, choices, fallback, real, route_bytes, tokens = totals.tolist()

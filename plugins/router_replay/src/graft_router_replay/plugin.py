@@ -17,8 +17,9 @@ def graft_config_sections() -> list[tuple[str, type]]:
 
 
 @hookimpl
-def graft_pre_shard(model: Any, cfg: Any, role: str) -> None:
-    """Hook the policy's routers (the frozen reference keeps its own routing)."""
+def graft_pre_shard(model: Any, cfg: Any, mesh: Any, role: str) -> None:
+    """Hook the policy's routers (the frozen reference keeps its own routing); the step's
+    counts are summed over ``mesh``'s ranks on its device."""
     if role != "policy":
         return
     from graft_router_replay.session import start_session, stop_session
@@ -31,7 +32,7 @@ def graft_pre_shard(model: Any, cfg: Any, role: str) -> None:
         from graft.errors import ConfigError
 
         raise ConfigError(conflict)
-    start_session(model, mode)
+    start_session(model, mode, mesh)
 
 
 @hookimpl

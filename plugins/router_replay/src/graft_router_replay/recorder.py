@@ -24,6 +24,11 @@ import torch
 from graft_router_replay.layers import RouterMap
 from graft_router_replay.routes import RouteError, to_routes
 
+# The keyword ``generate`` passes the KV cache to the model's forward under: ``cache`` from
+# transformers 5.24 on (``past_key_values`` is deprecated there, removed in 5.40), before that
+# ``past_key_values``.
+CACHE_ARGUMENTS = ("cache", "past_key_values")
+
 
 @dataclass
 class Generation:
@@ -90,7 +95,8 @@ class GenerationRecorder:
 
     def _note_call(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        cache = kwargs.get("past_key_values")
+        cache = next((kwargs[name] for name in CACHE_ARGUMENTS if kwargs.get(name) is not None),
+                     None)
         if ids is None or cache is None:
             raise RouteError("routing replay (R3) records generation from input_ids with a KV "
                              "cache; the engine called the model without them")

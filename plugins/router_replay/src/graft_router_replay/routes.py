@@ -3,7 +3,9 @@
 A route is the list of experts one token used in one MoE layer. Routes are stored as int16
 expert ids ``[tokens, moe_layers, top_k]`` (per sample) or ``[rows, row_length, moe_layers,
 top_k]`` (in a packed micro-batch), with a per-token valid flag beside them. int16 holds up to
-32767 experts at a quarter of int64's bytes; collectives move it as uint8 (`collectives`).
+32767 experts at a quarter of int64's bytes. Routes never cross ranks: each rank records and
+replays the tokens its own routers route (with expert parallelism too: the router runs before
+the dispatch, on the rank's own tokens).
 
 Row rule: a row replays its ids unless the token has no route (valid flag off: pad tokens, the
 last token of a rollout sample, which no engine routes) or the row repeats an expert id (a

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from graft.engine.phase import OLD_LOGPROBS, ROLLOUT_LOGPROBS, UPDATE
+from graft.engine import OLD_LOGPROBS, ROLLOUT_LOGPROBS, UPDATE
 from graft.errors import ConfigError, PluginError
 from graft.models import family_for
 from graft_router_replay.config import R2, R3
@@ -35,13 +35,18 @@ REPLAYED_PHASES = {R2: (UPDATE,), R3: (ROLLOUT_LOGPROBS, OLD_LOGPROBS, UPDATE)}
 
 
 class ReplaySession:
-    """The policy model's routers, their controller and the step's counters, for one run."""
+    """The policy model's routers, their controller and the step's counters, for one run.
 
-    def __init__(self, model: torch.nn.Module, mode: str) -> None:
+    Built before the model is sharded, from its modules and config only: a model built from
+    ``model.path`` has meta parameters then. ``mesh``: the data-parallel mesh the step's
+    counts are summed over (None: no process group of the model's).
+    """
+
+    def __init__(self, model: torch.nn.Module, mode: str, mesh: Any = None) -> None:
         self.mode = mode
         self.model = model
         self.routers = router_map(model, family_for(model.config.model_type))
-        self.counters = ReplayCounters(next(model.parameters()).device)
+        self.counters = ReplayCounters(None if mesh is None else mesh_device(mesh))
         self.controller = ReplayController(self.routers, self.counters)
         self.recorded_this_step = False
         self.recorder: GenerationRecorder | None = None
@@ -148,12 +153,20 @@ class ReplaySession:
 _active: ReplaySession | None = None
 
 
-def start_session(model: torch.nn.Module, mode: str) -> ReplaySession:
-    """Replace the process's session (hooks of an earlier model come off) with one on ``model``."""
+def start_session(model: torch.nn.Module, mode: str, mesh: Any = None) -> ReplaySession:
+    """Replace the process's session (hooks of an earlier model come off) with one on ``model``
+    (``mesh``: the data-parallel mesh it will be sharded over)."""
     global _active
     stop_session()
-    _active = ReplaySession(model, mode)
+    _active = ReplaySession(model, mode, mesh)
     return _active
+
+
+def mesh_device(mesh: Any) -> torch.device:
+    """The device a mesh's collectives run on: CPU for gloo, this rank's GPU for NCCL."""
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
 
 
 def stop_session() -> None:
