@@ -100,6 +100,14 @@ class TrainerConfig:
     log_every_steps: int = bounded(1, ge=1)
     # Also write TensorBoard events when tensorboard is installed.
     tensorboard: bool = False
+    # RL: generate on the held-out set (data.val_path; without it nothing runs) before the first
+    # step, every this many steps and after the last, as the val section says; val/* metrics.
+    val_every_steps: int = bounded(10, ge=0, note="0: never")
+    # RL: prompts per step (and per validation) written to <run_dir>/samples.jsonl with their
+    # rendered prompt, response, reward and ground truth.
+    log_samples: int = bounded(2, ge=0, note="0: no samples.jsonl")
+    # RL: show one of those samples on the console every this many steps.
+    print_sample_every_steps: int = bounded(50, ge=0, note="0: never")
 
 
 @dataclass
@@ -136,13 +144,21 @@ class EngineConfig:
     # Pack a micro-batch's samples into rows of at most this many tokens (0: one row). Attention
     # over a packed row costs the square of its length unless the attention kernel skips
     # masked blocks (flex_attention), so shorter rows can be much faster for short samples.
-    max_tokens_per_row: int = bounded(0, ge=0, note="0: one row per micro-batch")
+    # null = auto (graft.config.auto): 2048 on CUDA (the RL update 2.5x faster on an H200,
+    # bench/README.md), 0 on CPU.
+    max_tokens_per_row: int | None = bounded(None, ge=0, note="0: one row per micro-batch; "
+                                             "null: auto")
     # Pad each packed micro-batch to a multiple of pad_to_length_bucket tokens, so compiled
     # kernels see few distinct shapes.
     pad_to_length: bool = False
     pad_to_length_bucket: int = bounded(1024, ge=1)
-    # torch.compile each decoder block.
-    compile: bool = False
+    # torch.compile each decoder block; null = auto (graft.config.auto): false on CUDA (the
+    # measured fastest RL step compiles the decode step instead) and on CPU.
+    compile: bool | None = None
+    # Where torch.compile keeps its caches (inductor's FX graphs and kernels, AOTAutograd's
+    # graphs), so a second run reuses them; null = $TORCHINDUCTOR_CACHE_DIR when set, else
+    # $XDG_CACHE_HOME/graft/torch_compile (~/.cache/graft/torch_compile).
+    compile_cache_dir: str | None = None
     # FSDP2 reshard_after_forward for decoder blocks (frees gathered weights after forward).
     reshard_after_forward: bool = True
 
@@ -209,11 +225,14 @@ class RolloutConfig:
     temperature: float = bounded(1.0, gt=0.0)
     top_p: float = bounded(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = bounded(8, ge=1)
-    # embedded only. dynamic: the trained (sharded) model generates with a growing KV cache.
+    # embedded only. auto (graft.config.auto): static on CUDA (with decode_compile=cudagraphs
+    # and decode_fuse_kernels, 13.8x the rollout tokens/s of dynamic on an H200,
+    # bench/README.md), dynamic on CPU.
+    # dynamic: the trained (sharded) model generates with a growing KV cache.
     # static: a plain copy of the weights in the compute dtype (refreshed after every update)
     # generates with a static KV cache (for models transformers compiles whole), its decode step
     # run as decode_compile says; no rank waits for another.
-    decode: str = choice("dynamic", ("dynamic", "static"))
+    decode: str = choice("auto", ("auto", "dynamic", "static"))
     # static decode: how its decode step runs.
     # cudagraphs: Graft's own loop replays the decode step from a CUDA graph (eager on CPU) and
     #   drops finished rows from the batch, with the trainer's numerics; its KV cache (batch x
@@ -264,6 +283,22 @@ class AlgorithmConfig:
 
 
 @dataclass
+class ValConfig:
+    """RL validation: generation on the held-out set (``data.val_path``), scored with the run's
+    reward, every ``trainer.val_every_steps`` steps."""
+
+    # Samples per prompt; val/pass@k is over them (k = n).
+    n: int = bounded(1, ge=1)
+    # 0 = greedy (the most likely token); > 0 samples at this temperature with top_p.
+    temperature: float = bounded(0.0, ge=0.0, note="0: greedy")
+    top_p: float = bounded(1.0, gt=0.0, le=1.0)
+    # Token cap of a response; null = rollout.max_new_tokens.
+    max_new_tokens: int | None = bounded(None, ge=1)
+    # Only the first this many held-out prompts; null = all of them.
+    max_prompts: int | None = bounded(None, ge=1)
+
+
+@dataclass
 class GraftConfig:
     """The root config. ``features`` holds the plugin sections (see `build_root_schema`)."""
 
@@ -277,3 +312,4 @@ class GraftConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    val: ValConfig = field(default_factory=ValConfig)

@@ -5,7 +5,8 @@ trains on them with the configured policy loss and ``loss.loss_agg_mode`` (norma
 over each mini-batch). The old log-probs are recomputed only when the step updates more than
 once (``algorithm.ppo_epochs`` x ``algorithm.mini_batches`` > 1): with a single update they equal
 the update's own (the ratio is 1 by construction). After the update the rollout engine receives
-the new weights.
+the new weights. With a held-out set the job validates (`graft.rl.validation`) and it writes a
+few of each step's generations to ``samples.jsonl`` (`graft.training.samples`), in `after_step`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from graft.data.dataset import load_prompts
+from graft.data.dataset import load_prompts, load_validation_prompts
 from graft.data.sampler import EpochSampler
 from graft.engine.distributed import DistEnv, all_reduce
 from graft.engine.micro_batch import MicroBatch, TokenSample
@@ -30,7 +31,9 @@ from graft.plugins.keywords import call_with_keywords
 from graft.rl.advantages import advantage_estimators, compute_advantages
 from graft.rl.kl import kl_penalty
 from graft.rl.rewards import RewardScorer
+from graft.rl.validation import Validator, validation_due
 from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
+from graft.training.samples import SampleLog, format_sample, sample_records, show
 
 MISMATCH = "train_infer_logprob_diff"
 
@@ -80,7 +83,11 @@ class RLJob:
         prompts = load_prompts(cfg.data, tokenizer, seed=cfg.trainer.seed)
         self.texts, self.prompts = prompts.samples, prompts.ids
         self.sampler = EpochSampler(len(self.texts), seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
-        self.rewards = RewardScorer(cfg, self.texts)  # starts the reward workers
+        self.validator = _validator(cfg, tokenizer, env)
+        held_out = self.validator.samples if self.validator is not None else []
+        self.rewards = RewardScorer(cfg, [*self.texts, *held_out])  # starts the reward workers
+        self.sample_log = SampleLog(Path("."), enabled=False)  # the run's own from `attach`
+        self._records: list[dict[str, Any]] = []  # this step's, for samples.jsonl
         self.estimator = advantage_estimators()[cfg.algorithm.advantage]
         self.spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p,
                                  cfg.rollout.max_new_tokens)
@@ -94,6 +101,8 @@ class RLJob:
 
         self.rollout = build_rollout(self.cfg, engine=engine, env=self.env, run_dir=run_dir,
                                      tokenizer=self.tokenizer)
+        self.sample_log = SampleLog(run_dir, enabled=self.env.is_main
+                                    and self.cfg.trainer.log_samples > 0)
         if self.cfg.loss.kl_coef > 0:
             self.reference = build_reference(self.cfg, self.env, engine)
 
@@ -112,8 +121,10 @@ class RLJob:
         rollout_s = time.perf_counter() - started
         hook.graft_rollout_end(samples=samples, engine=kind, rollout=self.rollout, cfg=self.cfg)
         texts = [self.texts[i] for i in local for _ in range(n)]
-        rewards = torch.tensor(self.rewards.score([self._decode(s) for s in samples], texts),
-                               dtype=torch.float64)
+        responses = [self._decode(s) for s in samples]
+        rewards = torch.tensor(self.rewards.score(responses, texts), dtype=torch.float64)
+        self._records = self._sample_records("train", texts, [self.prompts[i] for i in local],
+                                             responses, rewards.tolist())
         advantages = compute_advantages(self.estimator, rewards, group_size=n, cfg=self.cfg)
         started = time.perf_counter()
         batches = self._micro_batches(engine, samples, advantages)
@@ -125,6 +136,40 @@ class RLJob:
         metrics.update(self._rollout_metrics(samples, rewards, rollout_s, update_s))
         metrics.update(self.rewards.metrics())
         return metrics
+
+    def after_step(self, engine: TrainEngine, *, step: int, total_steps: int) -> dict[str, float]:
+        """After step ``step`` (and before the first, ``step`` 0; every rank): write its samples,
+        validate when due (`graft.rl.validation.validation_due`); return the ``val/*`` metrics."""
+        records, metrics = self._records, {}
+        self._records = []
+        every = self.cfg.trainer.val_every_steps
+        if self.validator is not None and validation_due(step, every=every,
+                                                         total_steps=total_steps):
+            result = self.validator.run(self.rollout, score=self.rewards.score,
+                                        decode=self._decode, step=step)
+            metrics = result.metrics
+            records = records + self._sample_records("val", result.samples, result.prompt_ids,
+                                                     result.responses, result.rewards)
+            if self.env.is_main:
+                show(f"validation (step {step}): " + "  ".join(
+                    f"{key.removeprefix('val/')} {value:.4g}" for key, value in metrics.items()))
+        self.sample_log.write(step, records)
+        shown = self.cfg.trainer.print_sample_every_steps
+        if records and self.env.is_main and shown and step % shown == 0:
+            show(format_sample(step, records[0]))
+        return metrics
+
+    def _sample_records(self, split: str, samples: Sequence[Any], prompt_ids: list[list[int]],
+                        responses: list[str], rewards: list[float]) -> list[dict[str, Any]]:
+        """The first ``trainer.log_samples`` prompts' records (rank 0; none elsewhere)."""
+        count = self.cfg.trainer.log_samples
+        if not self.env.is_main or count == 0:
+            return []
+        n = len(samples) // max(len(prompt_ids), 1)
+        rendered = [self.tokenizer.decode(ids, skip_special_tokens=False)
+                    for ids in prompt_ids[:count]]
+        return sample_records(split, samples, rendered, responses, rewards, group_size=n,
+                              count=count)
 
     def _decode(self, sample: RolloutSample) -> str:
         return self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
@@ -238,3 +283,10 @@ class RLJob:
         if self.rollout is not None:
             self.rollout.close()
         self.rollout = self.reference = None
+
+
+def _validator(cfg: Any, tokenizer: Any, env: DistEnv) -> Validator | None:
+    """The held-out set's validator, when there is one and validation is on."""
+    if cfg.trainer.val_every_steps == 0 or not cfg.data.val_path:
+        return None
+    return Validator(cfg, load_validation_prompts(cfg.data, tokenizer), env)

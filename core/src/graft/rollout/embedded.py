@@ -98,9 +98,11 @@ class EmbeddedRollout:
 
     def _generate_hf(self, ids: torch.Tensor, mask: torch.Tensor,
                      spec: SamplingSpec) -> tuple[torch.Tensor, torch.Tensor]:
-        """transformers' ``generate``: the new tokens and their log-probs, ``(batch, steps)``."""
-        options = dict(input_ids=ids, attention_mask=mask, do_sample=True,
-                       temperature=spec.temperature, top_p=spec.top_p, top_k=0,
+        """transformers' ``generate``: the new tokens and their log-probs, ``(batch, steps)``
+        (temperature 0: greedy, log-probs at temperature 1)."""
+        sampling = (dict(do_sample=True, temperature=spec.temperature, top_p=spec.top_p, top_k=0)
+                    if spec.temperature > 0 else greedy_options())
+        options = dict(input_ids=ids, attention_mask=mask, **sampling,
                        max_new_tokens=spec.max_new_tokens, use_cache=True,
                        pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
                        return_dict_in_generate=True, output_logits=True)
@@ -114,7 +116,8 @@ class EmbeddedRollout:
         new_tokens = out.sequences[:, ids.shape[1]:]
         # One decode step at a time, with the trainer's own log-prob function: never a fp32 copy
         # of all (sequences x steps x vocab) logits.
-        temperature = torch.full((ids.shape[0],), spec.temperature, device=new_tokens.device)
+        temperature = torch.full((ids.shape[0],), spec.temperature or 1.0,
+                                 device=new_tokens.device)
         logprobs = torch.stack([token_logprobs(step, new_tokens[:, i], temperature)
                                 for i, step in enumerate(out.logits)], dim=1)
         return new_tokens, logprobs
@@ -147,6 +150,12 @@ class EmbeddedRollout:
         ids[mask] = torch.tensor([token for prompt in prompts for token in prompt],
                                  dtype=torch.long)
         return ids.to(self.device), mask.long().to(self.device)
+
+
+def greedy_options() -> dict[str, Any]:
+    """``generate`` options for greedy decoding, whatever the checkpoint's generation_config
+    says (Qwen3's samples at temperature 0.6, top-k 20, top-p 0.95)."""
+    return dict(do_sample=False, temperature=None, top_p=None, top_k=None)
 
 
 class GatheredParameters:

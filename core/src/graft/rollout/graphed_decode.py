@@ -193,17 +193,21 @@ class GraphedDecoder:
 
     def _sample(self, logits: torch.Tensor, spec: SamplingSpec,
                 finished: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token per row from ``logits / temperature`` (top-p when below 1), its log-prob
-        under the unfiltered distribution (the trainer's), padding for finished rows."""
-        scores = logits.float() / spec.temperature
-        if spec.top_p < 1.0:
-            scores = _top_p(scores, spec.top_p)
-        probs = torch.softmax(scores, dim=-1)
-        # torch.multinomial's own draw of one sample (the argmax of p / q, q ~ Exp(1)): the same
-        # tokens, without its checks of p, two more passes over the vocabulary every step
-        token = probs.div_(torch.empty_like(probs).exponential_()).argmax(dim=-1)
-        logprob = token_logprobs(logits, token, finished.new_full(finished.shape, spec.temperature,
-                                                                  dtype=torch.float32))
+        """One token per row from ``logits / temperature`` (top-p when below 1; temperature 0:
+        the most likely token, no random draw), its log-prob under the unfiltered distribution
+        (the trainer's; at temperature 1 for greedy rows), padding for finished rows."""
+        if spec.temperature == 0:
+            token = logits.argmax(dim=-1)
+        else:
+            scores = logits.float() / spec.temperature
+            if spec.top_p < 1.0:
+                scores = _top_p(scores, spec.top_p)
+            probs = torch.softmax(scores, dim=-1)
+            # torch.multinomial's own draw of one sample (the argmax of p / q, q ~ Exp(1)): the
+            # same tokens, without its checks of p, two more passes over the vocabulary a step
+            token = probs.div_(torch.empty_like(probs).exponential_()).argmax(dim=-1)
+        logprob = token_logprobs(logits, token, finished.new_full(
+            finished.shape, spec.temperature or 1.0, dtype=torch.float32))
         token = torch.where(finished, self.pad_token_id, token)
         logprob = torch.where(finished, 0.0, logprob)
         if self.eos_token_id is not None:

@@ -12,7 +12,11 @@ from graft.errors import PluginError
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    """How to sample: from ``rollout.*``."""
+    """How to sample: from ``rollout.*`` (training) or ``val.*`` (validation).
+
+    ``temperature`` 0 means greedy (the most likely token; validation's default): an engine
+    then draws no random numbers and reports log-probs at temperature 1.
+    """
 
     temperature: float
     top_p: float

@@ -1,0 +1,110 @@
+"""Validation: the policy generates on the held-out set, scored with the run's reward.
+
+With ``data.val_path`` and ``trainer.val_every_steps`` > 0 the RL job validates before the first
+step (step 0), every ``val_every_steps`` steps and after the last: ``val.n`` responses per
+held-out prompt (greedy at ``val.temperature=0``, the default), up to ``val.max_new_tokens``
+(default ``rollout.max_new_tokens``) tokens, scored by the rewards training uses. Metrics, over
+every rank: ``val/reward_mean``, ``val/pass@k`` (k = ``val.n``: the unbiased estimator of the
+chance that one of k responses is right, a response being right at reward >= 1) and
+``val/response_length`` (tokens).
+
+The prompts are split over the data-parallel ranks (a rank without one generates a stand-in
+prompt whose result is dropped: its generation's collectives pair with the other ranks'). The
+generation runs under a forked RNG seeded from ``trainer.seed`` and the step, so sampling at
+``val.temperature`` > 0 is reproducible and training draws the same random numbers as a run
+without validation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from graft.data.dataset import Prompts
+from graft.data.tasks import TextSample
+from graft.engine.distributed import DistEnv, all_reduce
+from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
+
+PREFIX = "val/"
+RIGHT = 1.0  # a response is right (for pass@k) at this reward or more
+SEED_OFFSET = 7_919  # validation's RNG seeds stay away from training's trainer.seed
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """The unbiased estimate of pass@k from ``n`` samples of which ``correct`` are right:
+    ``1 - C(n - c, k) / C(n, k)`` (Chen et al., 2021)."""
+    if not 0 < k <= n:
+        raise ValueError(f"pass@k needs 0 < k <= n, got k={k}, n={n}")
+    if n - correct < k:
+        return 1.0
+    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
+
+
+def validation_due(step: int, *, every: int, total_steps: int) -> bool:
+    """Whether to validate after ``step`` (0: before the first): at 0, every ``every`` steps
+    and at the last step; never when ``every`` is 0."""
+    return every > 0 and (step == 0 or step % every == 0 or step == total_steps)
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    """One validation: the metrics (over every rank) and this rank's samples, responses and
+    rewards (``val.n`` consecutive per prompt), with its prompts' ids."""
+
+    metrics: dict[str, float]
+    samples: list[TextSample]
+    prompt_ids: list[list[int]]
+    responses: list[str]
+    rewards: list[float]
+
+
+class Validator:
+    """Generates on this rank's share of the held-out prompts and scores them."""
+
+    def __init__(self, cfg: Any, prompts: Prompts, env: DistEnv) -> None:
+        val = cfg.val
+        limit = val.max_prompts or len(prompts.ids)
+        self.samples, self.ids = prompts.samples[:limit], prompts.ids[:limit]
+        self.env = env
+        self.n = val.n
+        self.seed = cfg.trainer.seed
+        self.spec = SamplingSpec(val.temperature, val.top_p,
+                                 val.max_new_tokens or cfg.rollout.max_new_tokens)
+
+    def run(self, rollout: RolloutEngine, *, score: Callable[[list[str], list[TextSample]],
+                                                              list[float]],
+            decode: Callable[[RolloutSample], str], step: int) -> ValidationResult:
+        """Generate ``val.n`` responses per prompt of this rank, score them with ``score``
+        (responses, samples) and reduce the metrics over the ranks (every rank calls it)."""
+        local = list(range(len(self.ids)))[self.env.dp_rank::self.env.dp_size]
+        prompts = [self.ids[i] for i in local for _ in range(self.n)]
+        devices = [self.env.device] if self.env.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.seed + SEED_OFFSET + step)
+            # A rank without prompts still generates (one stand-in, dropped): every rank's
+            # engine takes part in the same collectives.
+            generated = rollout.generate(prompts or self.ids[:1], self.spec)
+        generated = generated[:len(prompts)]
+        samples = [self.samples[i] for i in local for _ in range(self.n)]
+        responses = [decode(s) for s in generated]
+        rewards = [float(r) for r in score(responses, samples)] if samples else []
+        lengths = [len(s.response_ids) for s in generated]
+        metrics = self._reduce(rewards, lengths)
+        return ValidationResult(metrics, samples, [self.ids[i] for i in local], responses,
+                                rewards)
+
+    def _reduce(self, rewards: Sequence[float], lengths: Sequence[int]) -> dict[str, float]:
+        groups = [rewards[i:i + self.n] for i in range(0, len(rewards), self.n)]
+        passed = sum(pass_at_k(self.n, sum(r >= RIGHT for r in group), self.n)
+                     for group in groups)
+        totals = all_reduce(torch.tensor(
+            [sum(rewards), float(len(rewards)), float(sum(lengths)), passed, float(len(groups))],
+            dtype=torch.float64, device=self.env.device), group=self.env.dp_group)
+        reward_sum, count, length_sum, pass_sum, prompts = (float(v) for v in totals)
+        return {f"{PREFIX}reward_mean": reward_sum / max(count, 1.0),
+                f"{PREFIX}pass@{self.n}": pass_sum / max(prompts, 1.0),
+                f"{PREFIX}response_length": length_sum / max(count, 1.0)}

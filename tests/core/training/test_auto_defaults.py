@@ -1,0 +1,62 @@
+"""`auto` settings (graft.config.auto): the tuned path on CUDA, the old defaults on CPU, chosen
+once by the trainer and recorded in config.yaml; the default CPU run is bit-identical to one
+with the old values written out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import graft
+from graft.config import compose
+from graft.config.auto import resolve_auto
+
+OLD_CPU_VALUES = ("rollout.decode=dynamic", "engine.max_tokens_per_row=0", "engine.compile=false")
+COMPARED = ("loss", "grad_norm", "reward_mean", "entropy", "train_infer_logprob_diff", "tokens")
+
+
+def test_auto_is_the_tuned_row_on_cuda_and_the_old_defaults_on_cpu() -> None:
+    cfg = compose([])
+    assert (cfg.rollout.decode, cfg.engine.max_tokens_per_row, cfg.engine.compile) == \
+        ("auto", None, None)
+    on_gpu, chosen = resolve_auto(cfg, "cuda")
+    assert (on_gpu.rollout.decode, on_gpu.engine.max_tokens_per_row, on_gpu.engine.compile) == \
+        ("static", 2048, False)
+    assert (on_gpu.rollout.decode_compile, on_gpu.rollout.decode_fuse_kernels) == \
+        ("cudagraphs", True)
+    assert [str(c) for c in chosen] == ["rollout.decode: auto (static)",
+                                        "engine.max_tokens_per_row: auto (2048)",
+                                        "engine.compile: auto (false)"]
+    on_cpu, _ = resolve_auto(cfg, "cpu")
+    assert (on_cpu.rollout.decode, on_cpu.engine.max_tokens_per_row, on_cpu.engine.compile) == \
+        ("dynamic", 0, False)
+    assert cfg.rollout.decode == "auto"  # the composed config is left as it was
+
+
+def test_settings_given_explicitly_are_kept() -> None:
+    cfg = compose(["rollout.decode=dynamic", "engine.max_tokens_per_row=512",
+                   "engine.compile=true"])
+    kept, chosen = resolve_auto(cfg, "cuda")
+    assert (kept.rollout.decode, kept.engine.max_tokens_per_row, kept.engine.compile) == \
+        ("dynamic", 512, True) and chosen == []
+
+
+def run(run_dir: Path, *overrides: str) -> list[dict]:
+    return graft.train(overrides=[f"trainer.run_dir={run_dir}", "engine.device=cpu",
+                                  "rollout.prompts_per_step=8", "rollout.n=4",
+                                  "trainer.total_steps=3", "checkpoint.every_steps=0",
+                                  "checkpoint.save_at_end=false", "export.hf_at_end=false",
+                                  *overrides])
+
+
+def test_default_cpu_run_matches_the_old_values_bit_for_bit(tmp_path: Path) -> None:
+    auto = run(tmp_path / "auto")
+    explicit = run(tmp_path / "explicit", *OLD_CPU_VALUES)
+    assert [[m[k] for k in COMPARED] for m in auto] == [[m[k] for k in COMPARED] for m in explicit]
+    assert auto[0]["time_to_first_step_s"] > 0 and "time_to_first_step_s" not in auto[1]
+    saved = (tmp_path / "auto" / "config.yaml").read_text()
+    assert "#   rollout.decode: auto (dynamic)\n" in saved
+    assert "#   engine.max_tokens_per_row: auto (0)\n" in saved
+    assert "rollout.decode" not in (tmp_path / "explicit" / "config.yaml").read_text()
+    # config.yaml keeps the settings as written: it composes back to the same config
+    again = compose(config_files=[tmp_path / "auto" / "config.yaml"])
+    assert (again.rollout.decode, again.engine.max_tokens_per_row) == ("auto", None)
