@@ -45,6 +45,8 @@ def test_hook_specs_are_the_design_table() -> None:
         # added for the plugins' seams: open registries and the post-forward record
         "graft_advantage_estimators", "graft_rollout_engines", "graft_trainer_modes",
         "graft_post_forward",
+        # added so the static decode's copy computes what the policy computes (QAT)
+        "graft_inference_copy",
     }
 
 

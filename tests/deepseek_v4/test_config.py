@@ -15,7 +15,6 @@ def test_the_plugin_matches_the_specs_and_qat_is_off_by_default() -> None:
     cfg = graft.compose(["model.preset=tiny-deepseek-v4"])
     section = cfg.features.deepseek_v4
     assert (section.qat, section.qat_kernel, section.expert_dtype) == ("none", "auto", "auto")
-    assert section.gspo_rollout_is == "none"
 
 
 def test_an_unknown_qat_mode_lists_the_valid_ones() -> None:
@@ -24,9 +23,11 @@ def test_an_unknown_qat_mode_lists_the_valid_ones() -> None:
         graft.compose(["features.deepseek_v4.qat=fp8"])
 
 
-def test_the_rollout_weight_cap_must_be_positive() -> None:
-    with pytest.raises(ConfigError, match="gspo_rollout_is_cap=0.0 must be > 0"):
-        graft.compose(["features.deepseek_v4.gspo_rollout_is_cap=0"])
+def test_gspo_is_the_core_s_now() -> None:
+    """GSPO moved to the core's policy losses: its settings are under ``loss``."""
+    assert not hasattr(graft.compose([]).features.deepseek_v4, "gspo_rollout_is")
+    with pytest.raises(ConfigError, match="gspo_rollout_is"):
+        graft.compose(["features.deepseek_v4.gspo_rollout_is=token"])
 
 
 def test_qat_on_another_model_family_is_a_config_error() -> None:

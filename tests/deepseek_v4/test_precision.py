@@ -108,3 +108,26 @@ def test_expert_dtype_comes_from_the_model_config() -> None:
     config.expert_dtype = "int4"
     with pytest.raises(ConfigError, match="expert_dtype is 'int4'"):
         expert_dtype("auto", config)
+
+
+def test_stacked_experts_are_out_by_in_matrices_as_the_tiles_assume() -> None:
+    """`check_tiles`, the 128x128 tiles and the FP4 groups (1x32 along the last dim: the GEMM's
+    input dim, as DeepSeek's checkpoints group them) assume transformers keeps expert e's weights
+    as ``(out, in)`` matrices: checked on its experts module by what single entries do."""
+    model = tiny()
+    config = model.config
+    experts = model.model.layers[0].mlp.experts
+    hidden, inner = config.hidden_size, config.moe_intermediate_size
+    assert experts.gate_up_proj.shape == (config.n_routed_experts, 2 * inner, hidden)
+    assert experts.down_proj.shape == (config.n_routed_experts, hidden, inner)
+    with torch.no_grad():
+        experts.gate_up_proj.zero_()
+        experts.down_proj.zero_()
+        experts.gate_up_proj[3, 5, 7] = 1.0  # gate channel 5 reads input 7
+        experts.gate_up_proj[3, inner + 5, 7] = 1.0  # up channel 5 reads input 7
+        experts.down_proj[3, 11, 5] = 1.0  # output 11 reads channel 5
+        x = torch.zeros(1, hidden)
+        x[0, 7] = 2.0
+        out = experts(x, torch.tensor([[3]]), torch.tensor([[1.0]]))
+    assert out.nonzero().tolist() == [[0, 11]]
+    assert out[0, 11] == torch.nn.functional.silu(torch.tensor(2.0)) * 2.0

@@ -1,20 +1,23 @@
 """QAT on a model: straight-through gradients, weights quantised once per optimizer step with the
-masters restored for the optimizer, the KV cache, the frozen reference, off by default."""
+masters restored for the optimizer, every GEMM's operands and the KV cache on their FP8/FP4 grids
+(experts in the configured format), the frozen reference, off by default."""
 
 from __future__ import annotations
 
 import copy
 from dataclasses import replace
 
+import pytest
 import torch
 
 import graft
 import graft_deepseek_v4.plugin as plugin
 from graft.config import ModelConfig
 from graft.models import build_model
+from graft_deepseek_v4.install import install_qat
 from graft_deepseek_v4.precision import PRECISION_MAP, Target, resolve_targets
 from graft_deepseek_v4.qat import apply_qat
-from graft_deepseek_v4.quant import fp8_blockwise
+from graft_deepseek_v4.quant import fp4_groupwise, fp8_blockwise
 from graft_deepseek_v4.quant.kernels import torch_kernels
 from graft_deepseek_v4.weights import restore_before_optimizer_steps
 
@@ -105,13 +108,81 @@ def test_the_kv_cache_is_quantised_on_its_non_rope_channels_only() -> None:
     torch.testing.assert_close(kv_out[..., :nope], quantised, rtol=0, atol=0)
 
 
-def test_qat_changes_the_forward_by_the_quantisation_error_only() -> None:
-    plain, _ = build_model(ModelConfig(preset="tiny-deepseek-v4"), seed=0)
-    model, _ = tiny_qat()
+def installed(expert_dtype: str) -> tuple[torch.nn.Module, object]:
+    """The tiny model with QAT as ``graft_pre_shard`` installs it (frozen: no masters)."""
+    cfg = graft.compose(["model.preset=tiny-deepseek-v4", "features.deepseek_v4.qat=fp8_blockwise",
+                         f"features.deepseek_v4.expert_dtype={expert_dtype}"])
+    model, _ = build_model(cfg.model, seed=0)
+    return model, install_qat(model, cfg, "reference")
+
+
+def on_grid(x: torch.Tensor, quantise) -> bool:
+    """``x`` is a fake-quantised value (quantising it again changes nothing) and not 0."""
+    x = x.detach().bfloat16()
+    return bool(x.abs().max() > 0) and torch.equal(quantise(x), x)
+
+
+def rows(x: torch.Tensor) -> torch.Tensor:
+    return fp8_blockwise(x, (1, 128))[0]
+
+
+@pytest.mark.parametrize("experts", ["fp4", "fp8"])
+def test_expert_weights_are_quantised_in_the_configured_format(experts: str) -> None:
+    model, _ = installed(experts)
+    module = model.model.layers[1].mlp.experts
+    masters = {attr: getattr(module, attr).detach().clone() for attr in ("gate_up_proj",
+                                                                         "down_proj")}
     with torch.no_grad():
-        ours, theirs = model(TOKENS).logits, plain(TOKENS).logits
-    relative = (ours - theirs).norm() / theirs.norm()
-    assert 1e-4 < relative < 0.1, relative
+        model(TOKENS)
+    for attr, master in masters.items():
+        fp4, fp8 = fp4_groupwise(master.bfloat16(), 32)[0], fp8_blockwise(master.bfloat16(),
+                                                                           (128, 128))[0]
+        assert not torch.equal(fp4, fp8)
+        expected = fp4 if experts == "fp4" else fp8
+        assert torch.equal(getattr(module, attr), expected.to(master.dtype)), attr
+
+
+@pytest.mark.parametrize("experts", ["fp4", "fp8"])
+def test_every_gemm_of_the_experts_reads_fp8_activations(experts: str) -> None:
+    """The experts' input and their gated activation (the second GEMM's input) are FP8 1x128
+    tiles; without QAT the same tensors are not."""
+    seen: dict[str, list[torch.Tensor]] = {"input": [], "gated": []}
+
+    def record(model: torch.nn.Module) -> None:
+        module = model.model.layers[1].mlp.experts
+        module.register_forward_pre_hook(lambda m, args: seen["input"].append(args[0]))
+        gate = module._apply_gate  # QAT's (quantising) gate where installed
+        module._apply_gate = lambda gate_up: seen["gated"].append(gate(gate_up)) or seen[
+            "gated"][-1]
+
+    plain, _ = build_model(ModelConfig(preset="tiny-deepseek-v4"), seed=0)
+    record(plain)
+    with torch.no_grad():
+        plain(TOKENS)
+    assert seen["input"] and seen["gated"]
+    assert not any(on_grid(x, rows) for values in seen.values() for x in values)
+    seen = {"input": [], "gated": []}
+    model, _ = installed(experts)
+    record(model)
+    with torch.no_grad():
+        model(TOKENS)
+    assert seen["input"] and seen["gated"]
+    assert all(on_grid(x, rows) for values in seen.values() for x in values)
+
+
+def test_every_quantised_linear_layer_reads_fp8_weights_and_inputs() -> None:
+    model, state = installed("fp8")
+    linear = [t for t in state.targets if isinstance(t.module, torch.nn.Linear)]
+    inputs: dict[str, torch.Tensor] = {}
+    for target in linear:
+        target.module.register_forward_pre_hook(
+            lambda m, args, name=target.name: inputs.setdefault(name, args[0]))
+    with torch.no_grad():
+        model(TOKENS)
+    assert len(linear) == 17 and set(inputs) == {t.name for t in linear}
+    for target in linear:
+        assert on_grid(target.module.weight, lambda w: fp8_blockwise(w, (128, 128))[0]), target.name
+        assert on_grid(inputs[target.name], rows), target.name
 
 
 def test_the_frozen_reference_matches_the_policy_and_keeps_no_masters() -> None:

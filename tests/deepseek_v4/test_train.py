@@ -13,7 +13,8 @@ from graft.config import compose
 from graft.training.trainer import Trainer
 
 ACCEPTANCE = ["model.preset=tiny-deepseek-v4", "features.deepseek_v4.qat=fp8_blockwise",
-              "loss.policy_loss=gspo", "loss.clip_ratio_low=3e-4", "loss.clip_ratio_high=4e-4"]
+              "loss.policy_loss=gspo", "loss.clip_ratio_low=3e-4", "loss.clip_ratio_high=4e-4",
+              "loss.clip_ratio_c=null"]
 SMALL_RL = ["trainer.total_steps=2", "rollout.prompts_per_step=2", "rollout.n=4",
             "rollout.max_new_tokens=4", "checkpoint.save_at_end=false", "export.hf_at_end=false"]
 PASSES = "deepseek_v4/qat_weight_passes"

@@ -1,5 +1,6 @@
-"""QAT's weights under FSDP2 on 2 gloo ranks (whole-tile shards quantised in place, others
-gathered once per step; masters restored bit for bit): tests/deepseek_v4/scripts/sharded_weights.py."""
+"""QAT's weights under FSDP2 on 2 gloo ranks (whole-tile shards quantised in place, without
+gathering, on 1-D and 2-D meshes, and equal to the gathered path; others gathered once per step;
+masters restored bit for bit): tests/deepseek_v4/scripts/sharded_weights.py."""
 
 from __future__ import annotations
 

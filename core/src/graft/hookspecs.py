@@ -257,6 +257,29 @@ def graft_rollout_end(samples: list[Any], engine: str, rollout: Any, cfg: Any) -
     """
 
 
+@hookspec
+def graft_inference_copy(model: torch.nn.Module, trained: torch.nn.Module, cfg: Any) -> None:
+    """Make a rollout engine's plain copy of the policy compute what the policy computes.
+
+    When: each time the copy's weights were refreshed from the trained model: once when the copy
+    is built, then after every update (``rollout.decode=static``: every rank refreshes its own
+    copy); before the copy generates. ``model`` is the copy
+    (`graft.rollout.inference_copy.InferenceCopy`: the trained model's architecture built again
+    by transformers, unsharded, in the compute dtype, with the family's ``prepare_model`` but
+    none of what ``graft_pre_shard`` installed); the same object comes back at every call. It now
+    holds the trained model's weights as the optimizer left them (the masters). ``trained`` is
+    the trained policy (sharded; read it, do not run or change it); ``cfg`` the root config
+    (None when the copy was built outside a run).
+
+    May mutate ``model``: a plugin whose ``graft_pre_shard`` changes what the policy's forward
+    computes (fake quantisation of weights and activations, for example) does the same here, so
+    that rollout samples the policy the trainer scores: install forward hooks once (mark the
+    model: it comes back) and transform the weights in place after every refresh. Must keep
+    every parameter's name, shape and dtype, and must not run collectives (ranks refresh their
+    copies independently). Return value ignored. Not ``firstresult``.
+    """
+
+
 # --------------------------------------------------------------------------------------------
 # Step: once per optimizer step.
 # --------------------------------------------------------------------------------------------
@@ -294,7 +317,7 @@ def graft_policy_losses() -> dict[str, Any]:
     """Declare per-token policy losses, selectable with ``loss.policy_loss=<name>``.
 
     When: once per process, when the config is validated and when the trainer starts. Who:
-    plugins adding an RL objective (GSPO...); every rank.
+    plugins adding an RL objective (CISPO, GMPO...); every rank.
 
     Return ``{name: function}``; each function is called with keyword arguments
     ``fn(logp=, old_logp=, advantages=, mask=, cfg=, root_cfg=, tensors=)`` and receives only

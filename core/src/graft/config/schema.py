@@ -175,6 +175,11 @@ class LossConfig:
     # Dual-clip constant c (> 1) for negative advantages; null disables dual clip.
     clip_ratio_c: float | None = bounded(3.0, gt=1.0, note="c <= 1 would zero the gradient of "
                                          "negative-advantage tokens; null turns dual clip off")
+    # GSPO (policy_loss=gspo): rollout importance weights min(exp(old - rollout), cap) per token,
+    # or per sequence (the geometric mean over its tokens, like GSPO's ratio); none: off.
+    gspo_rollout_is: str = choice("none", ("none", "token", "sequence"))
+    # Their truncation (the largest weight).
+    gspo_rollout_is_cap: float = bounded(2.0, gt=0.0)
     # Constant divisor of seq-mean-token-sum-norm; null = the response token cap
     # (rollout.max_new_tokens in RL, data.max_response_tokens in SFT).
     loss_scale_factor: float | None = bounded(None, gt=0.0)

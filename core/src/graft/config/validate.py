@@ -63,8 +63,15 @@ def _local_model_type(path: str) -> str | None:
                           f"{exc}") from exc
 
 
+def gspo_has_no_dual_clip(cfg: Any, manager: GraftPluginManager) -> None:
+    """``loss.clip_ratio_c`` with ``loss.policy_loss=gspo`` would be silently ignored."""
+    from graft.losses.gspo import check_gspo_config
+
+    check_gspo_config(cfg)
+
+
 RULES: tuple[Callable[[Any, GraftPluginManager], None], ...] = (
-    group_estimator_needs_groups, expert_parallel_needs_a_family)
+    group_estimator_needs_groups, expert_parallel_needs_a_family, gspo_has_no_dual_clip)
 
 
 def validate_config(cfg: Any, manager: GraftPluginManager) -> None:

@@ -1,8 +1,9 @@
 """Policy losses and loss aggregation, as registries that plugins extend.
 
-Submodules: `graft.losses.policy` (PPO clip, SFT NLL), `graft.losses.aggregation` (the
-``loss_agg_mode`` formulas and `AggregationContext`), `graft.losses.registry` (lookups through
-the plugin hooks). This package module imports nothing heavy.
+Submodules: `graft.losses.policy` (PPO clip, SFT NLL), `graft.losses.gspo` (GSPO),
+`graft.losses.aggregation` (the ``loss_agg_mode`` formulas and `AggregationContext`),
+`graft.losses.registry` (lookups through the plugin hooks). This package module imports nothing
+heavy.
 """
 
 from graft.losses.modes import BUILTIN_AGG_MODES

@@ -36,7 +36,8 @@ def graft_loss_agg_modes() -> list[str]:
 
 @hookimpl
 def graft_policy_losses() -> dict[str, Any]:
-    """The core's policy losses."""
+    """The core's policy losses: ``ppo`` (clip, dual clip) and ``gspo`` (sequence ratio)."""
+    from graft.losses.gspo import gspo_loss
     from graft.losses.policy import ppo_clip_loss
 
-    return {"ppo": ppo_clip_loss}
+    return {"ppo": ppo_clip_loss, "gspo": gspo_loss}

@@ -35,7 +35,7 @@ class EmbeddedRollout:
                  device: torch.device, reshard_blocks: bool = True,
                  static_copy_dtype: torch.dtype | None = None,
                  compile_backend: str = "inductor", fuse_decode_kernels: bool = False,
-                 left_padding_exact: bool = True) -> None:
+                 left_padding_exact: bool = True, cfg: Any = None) -> None:
         self.model = model
         self.left_padding_exact = left_padding_exact
         self.reshard_blocks = reshard_blocks
@@ -49,7 +49,7 @@ class EmbeddedRollout:
             from graft.rollout.inference_copy import InferenceCopy
 
             self.copy = InferenceCopy(model, dtype=static_copy_dtype, device=device,
-                                      compile_backend=compile_backend)
+                                      compile_backend=compile_backend, cfg=cfg)
             if compile_backend == "cudagraphs" and decodes_with_graphs(self.copy.model):
                 self.decoder = GraphedDecoder(self.copy.model, pad_token_id=pad_token_id,
                                               eos_token_id=eos_token_id,

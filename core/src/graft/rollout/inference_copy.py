@@ -16,13 +16,19 @@ import torch
 from graft.export.gather import gather_full
 from graft.export.handlers import exported_entries
 from graft.models.registry import family_for
+from graft.plugins import GraftPluginManager, get_plugin_manager
 
 
 class InferenceCopy:
-    """The trained model's architecture with its own weights in ``dtype`` on ``device``."""
+    """The trained model's architecture with its own weights in ``dtype`` on ``device``.
+
+    ``cfg`` (the root config) and ``manager`` (the plugin manager; the process's by default)
+    are what ``graft_inference_copy`` gets and who answers it.
+    """
 
     def __init__(self, trained: torch.nn.Module, *, dtype: torch.dtype, device: torch.device,
-                 compile_backend: str = "inductor") -> None:
+                 compile_backend: str = "inductor", cfg: Any = None,
+                 manager: GraftPluginManager | None = None) -> None:
         from transformers import AutoModelForCausalLM
 
         config = copy.deepcopy(trained.config)
@@ -43,6 +49,8 @@ class InferenceCopy:
         self.compile_backend = compile_backend
         self.trained = trained
         self.dtype = dtype
+        self.cfg = cfg
+        self._hook = (manager or get_plugin_manager()).hook
         self._targets = dict(self.model.state_dict(keep_vars=True))
         self._buffers = {name for name, _ in self.model.named_buffers()}
         self.refresh()
@@ -64,7 +72,8 @@ class InferenceCopy:
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the trained model's current weights in (a collective: every rank calls it)."""
+        """Copy the trained model's current weights in (a collective: every rank calls it), then
+        let plugins make the copy compute what the policy does (``graft_inference_copy``)."""
         for name, value in exported_entries(self.trained):
             whole, _ = gather_full(value, dtype=self.dtype)
             self._targets[name].copy_(whole)
@@ -72,3 +81,4 @@ class InferenceCopy:
         for name, buffer in self.trained.named_buffers():
             if name in self._buffers and name not in self._targets:
                 self.model.get_buffer(name).copy_(buffer)
+        self._hook.graft_inference_copy(model=self.model, trained=self.trained, cfg=self.cfg)

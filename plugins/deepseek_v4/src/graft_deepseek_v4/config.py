@@ -1,4 +1,5 @@
-"""``features.deepseek_v4``: QAT and GSPO settings (cheap to import: no torch)."""
+"""``features.deepseek_v4``: QAT settings (cheap to import: no torch). GSPO, which this plugin
+once provided, is the core's ``loss.policy_loss=gspo`` (its settings: ``loss.gspo_rollout_is*``)."""
 
 from __future__ import annotations
 
@@ -17,18 +18,9 @@ class DeepseekV4Config:
     # quantises, straight-through gradients); fp8_blockwise_gemm (the same, with the plain
     # linear layers run as real FP8 block-scaled GEMMs; CUDA SM90+).
     qat: str = choice("none", QAT_MODES)
-    # Quantiser implementation: auto (Triton on CUDA, PyTorch otherwise), torch, triton.
+    # Quantiser implementation: auto (Triton on a CUDA GPU of SM89 or newer, whose FP8 casts Triton
+    # compiles; PyTorch otherwise), torch, triton.
     qat_kernel: str = choice("auto", ("auto", "torch", "triton"))
     # Routed experts' weight format: auto (the model config's expert_dtype, fp8 when it has
     # none), fp4 (E2M1, 1x32 groups) or fp8 (128x128 tiles).
     expert_dtype: str = choice("auto", ("auto", "fp4", "fp8"))
-    # GSPO: rollout importance weights min(exp(old - rollout), cap) per token, or per sequence
-    # (geometric mean over its tokens); none turns them off.
-    gspo_rollout_is: str = choice("none", ("none", "token", "sequence"))
-    gspo_rollout_is_cap: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not self.gspo_rollout_is_cap > 0:
-            raise ValueError(f"features.deepseek_v4.gspo_rollout_is_cap={self.gspo_rollout_is_cap} "
-                             f"must be > 0 (the truncation of the rollout importance weights, "
-                             f"e.g. 2.0)")

@@ -5,7 +5,8 @@ computed through the quantised forward (that is the point of QAT: it is the poli
 generates), so the reference the KL penalty compares them with must be too; otherwise the penalty
 starts above 0 and charges the policy for the quantisation error itself. The reference is
 quantised once (it never changes); the policy once per optimizer step, masters restored for the
-optimizer.
+optimizer. Rollout's plain decode copy (``rollout.decode=static``) is quantised like the policy
+(`mirror_qat`): it is the policy that generates.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from graft_deepseek_v4.precision import resolve_targets
 from graft_deepseek_v4.qat import QatModel, apply_qat
 from graft_deepseek_v4.quant.kernels import select_kernels
 from graft_deepseek_v4.weights import restore_before_optimizer_steps
+
+# The attribute of a model that holds its `QatModel` (the policy's tells its decode copy what to
+# install; the copy's is installed once and requantised after every refresh).
+QAT_STATE = "_graft_deepseek_v4_qat"
 
 
 def install_qat(model: torch.nn.Module, cfg: Any, role: str, mesh: Any = None) -> QatModel | None:
@@ -46,6 +51,29 @@ def install_qat(model: torch.nn.Module, cfg: Any, role: str, mesh: Any = None) -
                       keep_masters=role == "policy", gemm=gemm)
     if role == "policy":
         restore_before_optimizer_steps(state.weights)
+        setattr(model, QAT_STATE, state)
+    return state
+
+
+def mirror_qat(copy: torch.nn.Module, trained: torch.nn.Module) -> QatModel | None:
+    """Quantise rollout's decode copy of ``trained`` as ``trained`` is quantised
+    (``graft_inference_copy``, after every refresh of the copy's weights).
+
+    The first call installs on ``copy`` the QAT of ``trained`` (same kernels, expert format and
+    FP8 GEMMs; no masters: the copy is never trained); every call quantises the master weights
+    the refresh just copied in. None (nothing done) when ``trained`` has no QAT.
+    """
+    policy = getattr(trained, QAT_STATE, None)
+    if policy is None:
+        return None
+    state = getattr(copy, QAT_STATE, None)
+    if state is None:
+        targets = resolve_targets(copy, list(copy.get_decoder().layers),
+                                  expert_dtype=policy.expert_dtype)
+        state = apply_qat(copy, targets, kernels=policy.kernels, expert_dtype=policy.expert_dtype,
+                          keep_masters=False, gemm=policy.gemm)
+        setattr(copy, QAT_STATE, state)
+    state.weights.requantize()
     return state
 
 

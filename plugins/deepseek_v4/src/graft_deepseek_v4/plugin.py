@@ -10,7 +10,7 @@ from graft_deepseek_v4.config import DeepseekV4Config
 
 @hookimpl
 def graft_config_sections() -> list[tuple[str, type]]:
-    """``features.deepseek_v4``: QAT and GSPO settings."""
+    """``features.deepseek_v4``: QAT settings."""
     return [("deepseek_v4", DeepseekV4Config)]
 
 
@@ -33,11 +33,12 @@ def graft_pre_shard(model: Any, cfg: Any, mesh: Any, role: str) -> None:
 
 
 @hookimpl
-def graft_policy_losses() -> dict[str, Any]:
-    """``loss.policy_loss=gspo``: GSPO, reduced by any ``loss.loss_agg_mode``."""
-    from graft_deepseek_v4.gspo import gspo_loss
+def graft_inference_copy(model: Any, trained: Any) -> None:
+    """``rollout.decode=static``: the decode copy quantised like the policy (its weights after
+    every refresh, its activations by the same hooks), so rollout samples the quantised policy."""
+    from graft_deepseek_v4.install import mirror_qat
 
-    return {"gspo": gspo_loss}
+    mirror_qat(model, trained)
 
 
 @hookimpl

@@ -55,11 +55,16 @@ def straight_through(x: torch.Tensor, quantizer: Quantizer) -> torch.Tensor:
 
 @dataclass
 class QatModel:
-    """What QAT installed on one model: its weight quantizer and hook handles."""
+    """What QAT installed on one model: its weight quantizer, hook handles, and the settings it
+    was installed with (kernels, expert format, FP8 GEMM or None), which a copy of the model
+    gets too."""
 
     weights: WeightQuantizer
     targets: list[Target]
     handles: list[Any] = field(default_factory=list)
+    kernels: Kernels | None = None
+    expert_dtype: str = "fp8"
+    gemm: BlockGemm | None = None
 
 
 def apply_qat(model: torch.nn.Module, targets: list[Target], *, kernels: Kernels,
@@ -97,7 +102,8 @@ def apply_qat(model: torch.nn.Module, targets: list[Target], *, kernels: Kernels
             handles.append(module.register_forward_pre_hook(partial(_quantize_qk, rows)))
     quantizer = WeightQuantizer(weights, keep_masters=keep_masters)
     handles.append(model.register_forward_pre_hook(lambda module, args: quantizer.quantize()))
-    return QatModel(quantizer, targets, handles)
+    return QatModel(quantizer, targets, handles, kernels=kernels, expert_dtype=expert_dtype,
+                    gemm=gemm)
 
 
 def expert_quantizer(kernels: Kernels, expert_dtype: str) -> Quantizer:

@@ -10,8 +10,10 @@ master values (kept, sharded, in a copy) are put back, so AdamW updates the mast
 forward quantises again. A frozen model (the KL reference) is quantised once and keeps no masters.
 
 Tiles are computed on whole tiles: a shard whose rows start and end on tile boundaries is
-quantised where it is (expert tensors, split by expert, always are); otherwise the full weight
-is gathered once per step, quantised, and this rank's slice kept.
+quantised where it is, with no communication (FSDP2's row shards of a weight whose rows split
+into whole 128-row tiles per rank, on 1-D or multi-dim meshes; stacked experts, tiled per
+expert, whenever each shard holds whole experts); otherwise the full weight is gathered once per
+step, quantised, and this rank's slice kept.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
@@ -69,6 +72,13 @@ class WeightQuantizer:
         self.passes += 1
 
     @torch.no_grad()
+    def requantize(self) -> None:
+        """Quantise again: the weights were overwritten from outside with new master values
+        (rollout's decode copy, refreshed from the trained policy after every update)."""
+        self.active = False
+        self.quantize()
+
+    @torch.no_grad()
     def restore(self) -> None:
         """Put the master values back (before the optimizer step); no-op when not quantised or
         for a frozen model, whose quantised values stay."""
@@ -96,33 +106,53 @@ def _is_dtensor(tensor: torch.Tensor) -> bool:
 
 
 def quantized_local(weight: QuantizedWeight) -> torch.Tensor:
-    """This rank's part of the fake-quantised weight, in the parameter's dtype."""
+    """This rank's part of the fake-quantised weight, in the parameter's dtype: its own shard
+    quantised where it is when the shards hold whole tiles (`shard_holds_whole_tiles`), else
+    sliced from the quantised full weight (`quantized_by_gathering`)."""
     param = weight.param
     if not _is_dtensor(param):
         return weight.fake_quant(param.detach().to(torch.bfloat16)).to(param.dtype)
     if shard_holds_whole_tiles(param, weight.tile_rows):
         local = param.to_local().detach()
         return weight.fake_quant(local.to(torch.bfloat16)).to(param.dtype)
+    return quantized_by_gathering(weight)
+
+
+def quantized_by_gathering(weight: QuantizedWeight) -> torch.Tensor:
+    """This rank's slice of the fake quant of the whole weight, gathered from every shard (a
+    collective over the parameter's mesh)."""
     from torch.distributed.tensor import distribute_tensor
 
+    param = weight.param
     full = weight.fake_quant(param.full_tensor().detach().to(torch.bfloat16)).to(param.dtype)
     return distribute_tensor(full, param.device_mesh, param.placements,
                              src_data_rank=None).to_local()
 
 
 def shard_holds_whole_tiles(param: torch.Tensor, tile_rows: int) -> bool:
-    """True when every shard of a DTensor ``param`` is a whole number of tiles: replicated, or
-    split along dim 0 on a 1-D mesh into chunks (``torch.chunk`` sizes) of whole tile rows."""
+    """True when every shard of a DTensor ``param`` is whole rows of tiles, so each rank can
+    quantise its own: every placement is ``Replicate`` or ``Shard(0)``, on a mesh of any number
+    of dims (FSDP2, HSDP's replicate x shard, expert shards split further), and every point
+    where dim 0 is split (``torch.chunk`` sizes, mesh dims in order) is a multiple of
+    ``tile_rows``. Reads only the shape and the mesh, so every rank answers the same (the other
+    case gathers: a collective)."""
     from torch.distributed.tensor import Replicate, Shard
 
-    placements = param.placements
-    if all(isinstance(p, Replicate) for p in placements):
-        return True
-    if len(placements) != 1 or not isinstance(placements[0], Shard) or placements[0].dim != 0:
-        return False
-    world = param.device_mesh.size()
-    chunk = -(-param.shape[0] // world)
-    return chunk % tile_rows == 0
+    pieces = [param.shape[0]]  # dim 0 as the shards split it, in order
+    for mesh_dim, placement in enumerate(param.placements):
+        if isinstance(placement, Replicate):
+            continue
+        if type(placement) is not Shard or placement.dim != 0:  # columns, strided, partial
+            return False
+        parts = param.device_mesh.size(mesh_dim)
+        pieces = [size for length in pieces for size in _chunk_sizes(length, parts)]
+    return all(boundary % tile_rows == 0 for boundary in accumulate(pieces[:-1]))
+
+
+def _chunk_sizes(length: int, parts: int) -> list[int]:
+    """The sizes ``torch.chunk`` (DTensor's ``Shard``) splits ``length`` into over ``parts``."""
+    size = -(-length // parts)
+    return [max(0, min(size, length - index * size)) for index in range(parts)]
 
 
 # Live policy quantizers; the optimizer step pre-hook restores their masters.

@@ -42,25 +42,46 @@ def triton_kernels() -> Kernels:
                    kernels.quantize_fp8)
 
 
-def triton_available() -> bool:
-    """True when Triton imports and a CUDA device is present."""
-    if not torch.cuda.is_available():
-        return False
+# The Triton kernels cast to FP8 E4M3 (``tl.float8e4nv``), which Triton compiles only for SM89
+# (Ada) and newer (Hopper, Blackwell); an A100 (SM80) fails at the kernel's first launch.
+TRITON_MIN_CAPABILITY = (8, 9)
+
+
+def triton_unusable(device: torch.device) -> str | None:
+    """Why the Triton kernels cannot run on ``device`` (a sentence), or None when they can: a
+    CUDA device of compute capability >= `TRITON_MIN_CAPABILITY` with Triton installed."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return f"the model is on {device}, not a CUDA GPU"
     try:
         import triton  # noqa: F401
     except ImportError:
+        return "Triton is not installed"
+    capability = tuple(torch.cuda.get_device_capability(device))
+    if capability < TRITON_MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        major, minor = TRITON_MIN_CAPABILITY
+        return (f"the GPU ({name}) is SM{capability[0]}{capability[1]}; the kernels cast to FP8 "
+                f"E4M3 (tl.float8e4nv), which Triton supports from SM{major}{minor} (Ada, Hopper) "
+                f"on")
+    return None
+
+
+def triton_available() -> bool:
+    """True when the current CUDA device runs the Triton kernels (`triton_unusable`)."""
+    if not torch.cuda.is_available():
         return False
-    return True
+    return triton_unusable(torch.device("cuda", torch.cuda.current_device())) is None
 
 
 def select_kernels(choice: str, device: torch.device) -> Kernels:
-    """``features.deepseek_v4.qat_kernel``: ``auto`` (Triton on CUDA when available, PyTorch
-    otherwise), ``torch`` or ``triton`` (an error where it cannot run)."""
+    """``features.deepseek_v4.qat_kernel``: ``auto`` (the Triton kernels where they run: a CUDA
+    GPU of SM89 or newer with Triton installed; PyTorch otherwise), ``torch``, or ``triton``
+    (a `ConfigError` saying why where they cannot run)."""
     if choice == "torch":
         return torch_kernels()
-    usable = device.type == "cuda" and triton_available()
-    if choice == "triton" and not usable:
-        raise ConfigError(f"features.deepseek_v4.qat_kernel=triton needs a CUDA device with "
-                          f"Triton installed (the model is on {device}); use qat_kernel=auto or "
-                          f"torch")
-    return triton_kernels() if usable else torch_kernels()
+    reason = triton_unusable(device)
+    if choice == "triton" and reason is not None:
+        raise ConfigError(f"features.deepseek_v4.qat_kernel=triton cannot run here: {reason}. "
+                          f"Use features.deepseek_v4.qat_kernel=auto or torch (the PyTorch "
+                          f"quantisers, same bits)")
+    return triton_kernels() if reason is None else torch_kernels()

@@ -2,12 +2,17 @@
 power-of-two scales. The Triton kernels (`graft_deepseek_v4.quant.triton_kernels`) must match
 these bit for bit.
 
-A tile's scale is its amax (floored at ``AMAX_FLOOR``, as DeepSeek's and vLLM's weight
-quantisers do) divided by the format's largest value and rounded *up* to a power of two
-(UE8M0), so ``|x| / scale`` never exceeds the largest value: nothing saturates and no clip mask
-is needed. The rounding is computed exactly from the bits of the amax (no ``log2``), and
-dividing by a power of two is a multiplication by its exact inverse, so every step is exact
-up to the one rounding into the target format (round to nearest, ties to even).
+The convention is DeepSeek-V4's own (its inference ``kernel.py``: ``act_quant`` with UE8M0 scales
+for FP8, ``fp4_quant_kernel`` for FP4; vLLM's DeepSeek-V4 code quantises FP4 with the same
+formula, and DeepGEMM's ``per_block_cast_to_fp8`` FP8 weights): a tile's scale is its amax,
+floored (``AMAX_FLOOR`` for FP8, ``FP4_AMAX_FLOOR`` for FP4, as DeepSeek's kernels floor them),
+divided by the format's largest value and rounded *up* to a power of two (UE8M0), so
+``|x| / scale`` never exceeds the largest value: nothing saturates and no clip mask is needed.
+This is torchao's ``ScaleCalculationMode.RCEIL`` (NVIDIA's cuBLAS UE8M0 recipe), not the OCP MX
+spec's ``FLOOR`` (``2^(floor(log2 amax) - emax)``, which saturates the largest elements). The
+rounding is computed exactly from the bits of the amax (no ``log2``), and dividing by a power of
+two is a multiplication by its exact inverse, so every step is exact up to the one rounding into
+the target format (round to nearest, ties to even).
 """
 
 from __future__ import annotations
@@ -16,18 +21,21 @@ import torch
 
 E4M3_MAX = 448.0  # 1.75 * 2**8
 E2M1_MAX = 6.0  # 1.5 * 2**2
-AMAX_FLOOR = 1e-4
-_FORMAT_BITS = {E4M3_MAX: (8, 0x600000), E2M1_MAX: (2, 0x400000)}  # (exponent, mantissa bits)
+AMAX_FLOOR = 1e-4  # FP8: DeepSeek's act_quant and DeepGEMM's per_block_cast_to_fp8
+FP4_AMAX_FLOOR = 6.0 * 2.0**-126  # FP4: DeepSeek's fp4_quant_kernel (the smallest scale 2^-126)
+# qmax -> (its exponent, its mantissa bits, the amax floor)
+_FORMATS = {E4M3_MAX: (8, 0x600000, AMAX_FLOOR), E2M1_MAX: (2, 0x400000, FP4_AMAX_FLOOR)}
 
 
 def pow2_scale(amax: torch.Tensor, qmax: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(scale, 1 / scale)``, fp32: ``max(amax, AMAX_FLOOR) / qmax`` rounded up to a power of two.
+    """``(scale, 1 / scale)``, fp32: the floored amax (``AMAX_FLOOR`` for FP8, ``FP4_AMAX_FLOOR``
+    for FP4) divided by ``qmax`` and rounded up to a power of two.
 
     With ``amax = m 2^e`` (1 <= m < 2) and ``qmax = c 2^j``: the ratio is ``(m / c) 2^(e - j)``,
     whose power-of-two ceiling is ``2^(e - j)`` when ``m <= c`` and ``2^(e - j + 1)`` otherwise.
     """
-    exponent_q, mantissa_q = _FORMAT_BITS[qmax]
-    bits = amax.float().clamp(min=AMAX_FLOOR).view(torch.int32)
+    exponent_q, mantissa_q, floor = _FORMATS[qmax]
+    bits = amax.float().clamp(min=floor).view(torch.int32)
     exponent = (bits >> 23) - 127
     k = exponent - exponent_q + ((bits & 0x7FFFFF) > mantissa_q).to(torch.int32)
     return ((k + 127) << 23).view(torch.float32), ((127 - k) << 23).view(torch.float32)

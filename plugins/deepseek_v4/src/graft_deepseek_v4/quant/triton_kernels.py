@@ -10,15 +10,21 @@ import torch
 import triton
 import triton.language as tl
 
-from graft_deepseek_v4.quant.reference import AMAX_FLOOR, _scales_shape, check_input
+from graft_deepseek_v4.quant.reference import (
+    AMAX_FLOOR,
+    FP4_AMAX_FLOOR,
+    _scales_shape,
+    check_input,
+)
 
 ROWS_PER_PROGRAM = 32
 AMAX_FLOOR_C = tl.constexpr(AMAX_FLOOR)
+FP4_AMAX_FLOOR_C = tl.constexpr(FP4_AMAX_FLOOR)
 
 
 @triton.jit
-def _pow2_scale(amax, EXPONENT_Q: tl.constexpr, MANTISSA_Q: tl.constexpr):
-    bits = tl.maximum(amax, AMAX_FLOOR_C).to(tl.int32, bitcast=True)
+def _pow2_scale(amax, EXPONENT_Q: tl.constexpr, MANTISSA_Q: tl.constexpr, FLOOR: tl.constexpr):
+    bits = tl.maximum(amax, FLOOR).to(tl.int32, bitcast=True)
     k = ((bits >> 23) - 127) - EXPONENT_Q + ((bits & 0x7FFFFF) > MANTISSA_Q).to(tl.int32)
     scale = ((k + 127) << 23).to(tl.float32, bitcast=True)
     inverse = ((127 - k) << 23).to(tl.float32, bitcast=True)
@@ -56,11 +62,11 @@ def _rows_kernel(x_ptr, out_ptr, codes_ptr, scales_ptr, num_rows, width,
     x = tl.load(x_ptr + offsets, mask=valid[:, None], other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     if FP4:
-        scale, inverse = _pow2_scale(amax, 2, 0x400000)
+        scale, inverse = _pow2_scale(amax, 2, 0x400000, FP4_AMAX_FLOOR_C)
         codes = _round_e2m1(x * inverse[:, None])
         values = codes
     else:
-        scale, inverse = _pow2_scale(amax, 8, 0x600000)
+        scale, inverse = _pow2_scale(amax, 8, 0x600000, AMAX_FLOOR_C)
         codes = (x * inverse[:, None]).to(tl.float8e4nv, fp_downcast_rounding="rtne")
         values = codes.to(tl.float32)
     if WRITE_OUT:
@@ -81,7 +87,7 @@ def _tiles_kernel(x_ptr, out_ptr, codes_ptr, scales_ptr, num_rows, width,
     offsets = batch.to(tl.int64) * num_rows * width + rows[:, None].to(tl.int64) * width + cols[None, :]
     x = tl.load(x_ptr + offsets).to(tl.float32)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-    scale, inverse = _pow2_scale(amax, 8, 0x600000)
+    scale, inverse = _pow2_scale(amax, 8, 0x600000, AMAX_FLOOR_C)
     codes = (x * inverse).to(tl.float8e4nv, fp_downcast_rounding="rtne")
     if WRITE_OUT:
         tl.store(out_ptr + offsets, (codes.to(tl.float32) * scale).to(tl.bfloat16))

@@ -1,5 +1,6 @@
-"""GSPO: value and gradient against an independent per-sequence formula under every aggregation
-mode (built-in and a plugin's), clip fractions, the clamp, rollout weights, the PPO-range warning."""
+"""GSPO (a core policy loss): value and gradient against an independent per-sequence formula under
+every aggregation mode (built-in and a plugin's), clip fractions, the clamp, rollout weights, the
+PPO-range warning, and ``loss.clip_ratio_c`` refused (GSPO has no dual clip)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import graft_deepseek_v4.plugin as plugin
+import graft
 from graft import hookimpl
+from graft.errors import ConfigError
 from graft.losses.aggregation import AggregationContext
+from graft.losses.gspo import gspo_loss, rollout_is_weights, warn_if_ppo_clip_range
 from graft.losses.modes import BUILTIN_AGG_MODES
 from graft.losses.registry import aggregate_loss, policy_losses
-from graft_deepseek_v4.gspo import gspo_loss, rollout_is_weights, warn_if_ppo_clip_range
 
 PLUGIN_MODE = "seq-sum-token-mean"
 LENGTHS = [5, 9, 0, 3, 12]  # one sequence without a response token
@@ -53,10 +55,9 @@ def batch(seed: int = 0) -> dict[str, torch.Tensor]:
                                                 dtype=torch.float64)}
 
 
-def configs(low: float = 0.01, high: float = 0.015, rollout_is: str = "none"):
-    loss = SimpleNamespace(clip_ratio_low=low, clip_ratio_high=high)
-    section = SimpleNamespace(gspo_rollout_is=rollout_is, gspo_rollout_is_cap=2.0)
-    return loss, SimpleNamespace(features=SimpleNamespace(deepseek_v4=section))
+def loss_config(low: float = 0.01, high: float = 0.015, rollout_is: str = "none"):
+    return SimpleNamespace(clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=None,
+                           gspo_rollout_is=rollout_is, gspo_rollout_is_cap=2.0)
 
 
 def per_sequence_reference(data: dict, mode: str, ctx: AggregationContext, low: float,
@@ -87,9 +88,8 @@ def per_sequence_reference(data: dict, mode: str, ctx: AggregationContext, low: 
 def through_the_core(data: dict, mode: str, ctx: AggregationContext, manager,
                      **config) -> tuple[torch.Tensor, torch.Tensor, dict]:
     logp = data["logp"].clone().requires_grad_()
-    loss_cfg, root_cfg = configs(**config)
     loss_mat, metrics = gspo_loss(logp=logp, old_logp=data["old"], advantages=data["advantages"],
-                                  mask=data["mask"], cfg=loss_cfg, root_cfg=root_cfg,
+                                  mask=data["mask"], cfg=loss_config(**config),
                                   tensors={"rollout_logprobs": data["rollout"]})
     value = aggregate_loss(loss_mat, data["mask"], mode, ctx, manager)
     value.backward()
@@ -156,7 +156,7 @@ def test_rollout_importance_weights_multiply_the_loss() -> None:
 
 
 def test_a_ppo_like_clip_range_is_warned_about_once(caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="graft.deepseek_v4")
+    caplog.set_level(logging.WARNING, logger="graft.losses")
     warn_if_ppo_clip_range.cache_clear()
     warn_if_ppo_clip_range(3e-4, 4e-4)
     assert not caplog.records
@@ -166,6 +166,22 @@ def test_a_ppo_like_clip_range_is_warned_about_once(caplog) -> None:
     assert "look like PPO's" in caplog.text and "clip_ratio_low=3e-4" in caplog.text
 
 
-def test_gspo_is_registered_as_a_policy_loss(graft_plugin) -> None:
-    manager = graft_plugin(plugin, name="deepseek_v4")
-    assert policy_losses(manager)["gspo"] is gspo_loss
+def test_gspo_is_a_built_in_policy_loss() -> None:
+    assert policy_losses()["gspo"] is gspo_loss
+    cfg = graft.compose(["loss.policy_loss=gspo", "loss.clip_ratio_c=null",
+                         "loss.gspo_rollout_is=sequence", "loss.gspo_rollout_is_cap=1.5"])
+    assert (cfg.loss.gspo_rollout_is, cfg.loss.gspo_rollout_is_cap) == ("sequence", 1.5)
+
+
+def test_dual_clip_with_gspo_is_a_config_error() -> None:
+    """GSPO has no dual clip (verl's neither): a clip_ratio_c it would ignore is refused."""
+    with pytest.raises(ConfigError, match=r"loss.policy_loss=gspo has no dual clip, so "
+                                          r"loss.clip_ratio_c=3.0 would be ignored.*set "
+                                          r"loss.clip_ratio_c=null"):
+        graft.compose(["loss.policy_loss=gspo"])
+    graft.compose(["loss.policy_loss=ppo", "loss.clip_ratio_c=3.0"])  # PPO's dual clip
+
+
+def test_the_rollout_weight_cap_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="loss.gspo_rollout_is_cap"):
+        graft.compose(["loss.gspo_rollout_is_cap=0"])

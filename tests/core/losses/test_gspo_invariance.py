@@ -14,7 +14,7 @@ from graft.testing.invariance import (
     gradients_of_splits,
 )
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "gspo_grads.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gspo_grads.py"
 pytestmark = pytest.mark.slow  # the script on one rank, then on two: ~20 s on 2 cores
 
 

@@ -1,0 +1,64 @@
+"""The static decode's plain copy of the policy: refreshed from the trained model after every
+update, then handed to plugins (``graft_inference_copy``) so that it computes what the policy
+computes, whatever ``graft_pre_shard`` changed on the trained model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from graft import hookimpl
+from graft.config import compose
+from graft.training.trainer import Trainer
+
+
+def halve_logits(model: torch.nn.Module) -> None:
+    """A forward change a plugin makes: the model's logits halved (a temperature baked in)."""
+    model.lm_head.register_forward_hook(lambda module, args, out: out * 0.5)
+    model._halved = True
+
+
+class HalvedPolicy:
+    """Halves the trained policy's logits in ``graft_pre_shard`` and, in
+    ``graft_inference_copy``, the decode copy's (once), recording what each call saw."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    @hookimpl
+    def graft_pre_shard(self, model, role):
+        if role == "policy":
+            halve_logits(model)
+
+    @hookimpl
+    def graft_inference_copy(self, model, trained, cfg):
+        weight = model.get_input_embeddings().weight
+        trained_weight = trained.get_input_embeddings().weight.full_tensor()
+        self.calls.append({"model": model, "trained": trained, "cfg": cfg,
+                           "weights_in": torch.equal(weight, trained_weight.to(weight.dtype))})
+        if not getattr(model, "_halved", False):
+            halve_logits(model)
+
+
+def test_hook_graft_inference_copy_runs_after_every_refresh_and_the_copy_samples_its_changes(
+        tmp_path: Path, graft_plugin) -> None:
+    plugin = HalvedPolicy()
+    graft_plugin(plugin, name="halved")
+    cfg = compose([f"trainer.run_dir={tmp_path}", "trainer.total_steps=2", "engine.device=cpu",
+                   "rollout.decode=static", "rollout.prompts_per_step=2", "rollout.n=2",
+                   "rollout.max_new_tokens=4", "algorithm.old_logprobs=always",
+                   "checkpoint.every_steps=0", "checkpoint.save_at_end=false",
+                   "export.hf_at_end=false"])
+    trainer = Trainer(cfg)
+    copy = trainer.job.rollout.copy.model
+    rows = trainer.fit()
+    # built (first refresh), then refreshed after each of the 2 updates: always the same copy,
+    # holding the trained weights as they were then
+    assert [call["model"] for call in plugin.calls] == [copy] * 3
+    assert all(call["trained"] is trainer.engine.model for call in plugin.calls)
+    assert all(call["weights_in"] for call in plugin.calls)
+    assert all(call["cfg"].trainer.run_dir == cfg.trainer.run_dir  # the run's config, resolved
+               and call["cfg"].rollout.decode == "static" for call in plugin.calls)
+    # the copy sampled the halved policy the trainer scores (unhalved: ~1e-1 per token)
+    assert all(row["train_infer_logprob_diff"] < 1e-5 for row in rows), rows
