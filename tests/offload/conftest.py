@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from graft.engine import apply_activation_checkpointing
 from graft_offload.offloader import Offloader
 from graft_offload.runtime import apply_offload, remove_offload
 from graft_offload.standin import DeferredCopyBackend
@@ -59,13 +60,14 @@ class Stack(torch.nn.Module):
 
 
 def tiny_llama(layers: int = 4, seed: int = 0) -> torch.nn.Module:
-    """A real transformers Llama (hidden 64) with non-reentrant activation checkpointing."""
+    """A real transformers Llama (hidden 64) with the core's non-reentrant activation
+    checkpointing (transformers' own wrapper)."""
     config = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, vocab_size=100,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                   num_hidden_layers=layers, use_cache=False)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    apply_activation_checkpointing(model)
     return model.train()
 
 
@@ -80,15 +82,16 @@ class Run:
 
 
 def llama_steps(model: torch.nn.Module, steps: int = 3, offloader: Offloader | None = None,
-                backend: DeferredCopyBackend | None = None) -> Run:
-    """``steps`` of forward, backward and SGD on fixed random batches, recording everything."""
+                backend: DeferredCopyBackend | None = None, tokens: int = 24) -> Run:
+    """``steps`` of forward, backward and SGD on fixed random batches of 2 x ``tokens``,
+    recording everything."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(1)
     run = Run()
     for _ in range(steps):
         if offloader is not None:
             offloader.begin_step()
-        ids = torch.randint(0, 100, (2, 24), generator=generator)
+        ids = torch.randint(0, 100, (2, tokens), generator=generator)
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         if backend is not None:

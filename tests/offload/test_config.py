@@ -30,12 +30,14 @@ def test_values_compose_and_convert_to_bytes() -> None:
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("host_cache_limit_gb=-1", "host_cache_limit_gb=-1.* finite number >= 0"),
-    ("host_cache_limit_gb=inf", "host_cache_limit_gb=inf.* finite"),
-    ("host_cache_limit_gb=nan", "host_cache_limit_gb=nan.* finite"),
-    (f"host_cache_limit_gb={sys.maxsize // GIB + 1}", "too large"),
-    ("min_tensor_mb=-0.5", "min_tensor_mb=-0.5.* >= 0"),
-    ("prefetch_blocks=0", "prefetch_blocks=0 must be an integer >= 1"),
+    ("host_cache_limit_gb=-1", r"'features.offload.host_cache_limit_gb' is -1.0: it must be in "
+                               r"\[0, "),
+    ("host_cache_limit_gb=inf", "'features.offload.host_cache_limit_gb' is inf"),
+    ("host_cache_limit_gb=nan", "'features.offload.host_cache_limit_gb' is nan"),
+    (f"host_cache_limit_gb={sys.maxsize // GIB + 1}", f"in \\[0, {sys.maxsize // GIB}\\]"),
+    ("min_tensor_mb=-0.5", "'features.offload.min_tensor_mb' is -0.5: it must be in"),
+    ("prefetch_blocks=0", "'features.offload.prefetch_blocks' is 0: it must be >= 1 "
+                          r"\(1: bring back the next block down"),
     ("modules=[model..layers]", "empty segment"),
     ("modules=['model.{*}.mlp']", r"'\{\*\}' is allowed only as the last segment"),
     ("modules=['{*}']", r"'\{\*\}' is allowed only"),

@@ -79,6 +79,7 @@ def test_offload_without_activation_checkpointing_is_a_config_error(tmp_path: Pa
 def test_without_a_gpu_it_says_so_once_and_the_run_goes_on(run_graft, tmp_path: Path) -> None:
     result = run_graft(["train", f"trainer.run_dir={tmp_path}", "trainer.mode=sft",
                         "trainer.total_steps=2", "model.preset=tiny-llama",
+                        "engine.activation_checkpointing=true",
                         "features.offload.enabled=true", "export.hf_at_end=false"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.count("activation offload does nothing in this run") == 1

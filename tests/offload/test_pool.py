@@ -1,15 +1,54 @@
-"""The host buffer pool: reuse, best fit, the hard ceiling, eviction, pageable fallback."""
+"""The host buffer pool: reuse, best fit, the hard ceiling, eviction, pageable fallback, and
+the pinned memory it owns (registered with CUDA by the pool itself, never cached elsewhere)."""
 
 from __future__ import annotations
 
+import gc
 import logging
+import random
 
 import pytest
 import torch
 
 from graft_offload.backend import CudaCopyBackend
+from graft_offload.pinned import PAGE
 from graft_offload.pool import HostBufferPool
 from graft_offload.standin import DeferredCopyBackend
+
+CPU = torch.device("cpu")
+MIB = 2**20
+
+
+class CudaRuntimeStandIn:
+    """The CUDA runtime's host registration calls (a mock for the GPU): records the page-locked
+    ranges, refuses unaligned or overlapping ones and unknown unregistrations."""
+
+    def __init__(self, *, refuse: bool = False) -> None:
+        self.registered: dict[int, int] = {}
+        self.unregistered = 0
+        self.refuse = refuse
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802
+        if self.refuse:
+            return 2  # cudaErrorMemoryAllocation
+        assert ptr % PAGE == 0 and size % PAGE == 0 and size > 0
+        assert all(ptr + size <= start or start + length <= ptr
+                   for start, length in self.registered.items())
+        self.registered[ptr] = size
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+        if self.registered.pop(ptr, None) is None:
+            return 4
+        self.unregistered += 1
+        return 0
+
+    def cudaGetErrorString(self, error: int) -> str:  # noqa: N802
+        return f"cuda error {error}"
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(self.registered.values())
 
 
 def test_released_buffers_are_reused_without_new_allocations() -> None:
@@ -100,7 +139,63 @@ def test_views_of_a_buffer_have_the_tensors_shape_and_dtype() -> None:
     assert view.data_ptr() == buffer.storage.data_ptr()
 
 
-def test_cuda_capacities_match_the_pinned_allocators_power_of_two_blocks() -> None:
+def test_cuda_capacities_are_whole_pages() -> None:
     backend = CudaCopyBackend()
     assert [backend.host_capacity(n) for n in (1, 4096, 4097, 2**28, 2**28 + 1)] == [
-        4096, 4096, 8192, 2**28, 2**29]
+        4096, 4096, 8192, 2**28, 2**28 + 4096]
+
+
+def test_a_buffer_is_freed_only_after_its_last_copy() -> None:
+    backend = DeferredCopyBackend()
+    pool = HostBufferPool(1000, backend)
+    buffer, source = pool.acquire(1000), torch.arange(250.0)
+    side = backend.new_stream(CPU)
+    backend.wait_event(side, backend.record_event(backend.compute))
+    with backend.stream_context(side):
+        backend.copy(buffer.view(torch.Size([250]), torch.float32), source)
+        done = backend.record_event(side)
+    pool.release(buffer, done)
+    pool.close()  # the stand-in raises StandInRace if the copy has not run by then
+    assert pool.held_bytes == 0 and side.done == len(side.work)
+
+
+def test_pinned_bytes_never_pass_the_ceiling_over_varied_requests() -> None:
+    """Steps of varied sizes through the CUDA backend's own pinned memory: what is registered
+    with CUDA is what the pool counts, never above its ceiling, and nothing after close."""
+    runtime, limit = CudaRuntimeStandIn(), 10 * MIB
+    pool = HostBufferPool(limit, CudaCopyBackend(runtime))
+    draw = random.Random(0)
+    for _ in range(40):
+        leased = []
+        for _ in range(draw.randint(1, 12)):
+            nbytes = draw.choice([1, PAGE + 1, MIB // 3, MIB, 3 * MIB, 7 * MIB, 11 * MIB])
+            buffer = pool.acquire(nbytes)
+            assert runtime.pinned_bytes == pool.pinned_bytes == pool.held_bytes <= limit
+            if buffer is not None:
+                assert buffer.capacity >= nbytes and buffer.storage.data_ptr() % PAGE == 0
+                leased.append(buffer)
+        for buffer in leased:
+            pool.release(buffer)
+    assert pool.pinned_bytes > 0 and runtime.unregistered > 0  # the sequence made it evict
+    pool.close()
+    assert runtime.pinned_bytes == pool.pinned_bytes == pool.held_bytes == 0
+
+
+def test_a_pool_dropped_without_closing_unregisters_its_memory() -> None:
+    runtime = CudaRuntimeStandIn()
+    pool = HostBufferPool(10 * MIB, CudaCopyBackend(runtime))
+    pool.release(pool.acquire(MIB))
+    assert runtime.pinned_bytes == MIB
+    del pool
+    gc.collect()
+    assert runtime.pinned_bytes == 0
+
+
+def test_memory_cuda_refuses_to_pin_is_pageable_and_counted_so(
+        caplog: pytest.LogCaptureFixture) -> None:
+    pool = HostBufferPool(10 * MIB, CudaCopyBackend(CudaRuntimeStandIn(refuse=True)))
+    with caplog.at_level(logging.WARNING, logger="graft.offload"):
+        buffers = [pool.acquire(MIB) for _ in range(2)]
+    assert [b.pinned for b in buffers] == [False, False]
+    assert pool.pinned_bytes == 0 and pool.held_bytes == 2 * MIB
+    assert caplog.text.count("cudaHostRegister: cuda error 2") == 1

@@ -12,9 +12,8 @@ from typing import Any, Protocol
 
 import torch
 
+from graft_offload.pinned import HostRegistry, allocate_pinned, free_pinned, page_rounded
 from graft_offload.pool import HostBuffer
-
-PAGE = 4096
 
 
 class CopyBackend(Protocol):
@@ -49,24 +48,32 @@ class CopyBackend(Protocol):
     def elapsed_ms(self, start: Any, end: Any) -> float:
         """Milliseconds between two timing events (waits for ``end``)."""
 
+    def synchronize_event(self, event: Any) -> None:
+        """Block the host until the work before ``event`` is done."""
+
     def host_capacity(self, nbytes: int) -> int:
         """The bytes a host allocation of ``nbytes`` really takes."""
 
     def allocate_host(self, nbytes: int) -> tuple[torch.Tensor, str | None]:
-        """``nbytes`` of host memory; None when pinned, else the reason pinning failed."""
+        """``nbytes`` (a `host_capacity`) of host memory; None when pinned, else the reason
+        pinning failed."""
 
     def free_host(self, buffer: HostBuffer) -> None:
-        """Give ``buffer`` back once its last copy is done."""
+        """Give ``buffer`` back (the caller made sure its last copy is done)."""
 
 
 class CudaCopyBackend:
-    """CUDA streams and events; pinned host memory from PyTorch's pinned-memory allocator.
+    """CUDA streams and events; host memory the pool owns, page-locked with ``cudaHostRegister``
+    (`graft_offload.pinned`), never PyTorch's caching host allocator, whose freed blocks stay
+    pinned: the pool's ceiling bounds what the process really holds pinned.
 
-    PyTorch's pinned allocator rounds every block up to a power of two and caches it, so
-    `host_capacity` counts the rounded size: the pool's ceiling bounds what is really pinned.
+    ``registry`` is the CUDA runtime's registration calls (``torch.cuda.cudart()`` unless given).
     """
 
     device_type = "cuda"
+
+    def __init__(self, registry: HostRegistry | None = None) -> None:
+        self._registry = registry
 
     def is_device_tensor(self, tensor: torch.Tensor) -> bool:
         return tensor.is_cuda
@@ -99,15 +106,22 @@ class CudaCopyBackend:
         end.synchronize()
         return start.elapsed_time(end)
 
+    def synchronize_event(self, event: torch.cuda.Event) -> None:
+        event.synchronize()
+
     def host_capacity(self, nbytes: int) -> int:
-        return max(PAGE, 1 << (max(nbytes, 1) - 1).bit_length())
+        return page_rounded(nbytes)
 
     def allocate_host(self, nbytes: int) -> tuple[torch.Tensor, str | None]:
-        try:
-            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), None
-        except RuntimeError as exc:  # out of pinnable memory, or no driver support
-            return torch.empty(nbytes, dtype=torch.uint8), str(exc).splitlines()[0]
+        return allocate_pinned(nbytes, self.registry)
 
     def free_host(self, buffer: HostBuffer) -> None:
-        if buffer.free_after is not None:
-            buffer.free_after.synchronize()
+        if buffer.pinned:
+            free_pinned(buffer.storage, self.registry)
+
+    @property
+    def registry(self) -> HostRegistry:
+        """The CUDA runtime's host-registration calls."""
+        if self._registry is None:
+            self._registry = torch.cuda.cudart()
+        return self._registry

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass, field
+
+from graft.config import bounded
 
 GIB = 2**30
 MIB = 2**20
@@ -23,25 +24,23 @@ class OffloadConfig:
     # time (`model.layers.*` matches model.layers.3, not model.layers.3.mlp). Empty: the model
     # family's decoder blocks.
     modules: list[str] = field(default_factory=list)
-    # Hard ceiling on the host memory the plugin holds, in GiB (2^30 bytes); block inputs that
-    # do not fit stay on the GPU (reported). 0 keeps everything on the GPU.
-    host_cache_limit_gb: float = 32.0
+    # Hard ceiling on the host memory the plugin holds, pinned or not, in GiB (2^30 bytes); the
+    # plugin pins its own memory, so this bounds what the process holds pinned for it. Block
+    # inputs that do not fit stay on the GPU (reported). 0 keeps everything on the GPU.
+    host_cache_limit_gb: float = bounded(32.0, ge=0, le=sys.maxsize // GIB,
+                                         note="0 keeps every input on the GPU")
     # Inputs smaller than this (MiB) stay on the GPU: their copy costs more than it frees.
-    min_tensor_mb: float = 1.0
+    min_tensor_mb: float = bounded(1.0, ge=0, le=sys.maxsize // MIB, note="0 offloads any size")
     # How many blocks below the one in backward are copied back ahead of time.
-    prefetch_blocks: int = 1
+    prefetch_blocks: int = bounded(1, ge=1, note="1: bring back the next block down during "
+                                                 "backward")
     # Time every copy and every wait of the compute stream with CUDA events; adds the metrics
     # offload/d2h_gbps, offload/h2d_gbps, offload/exposed_copy_ms, offload/d2h_ms_per_block and
     # offload/forward_ms_per_block (copies are bandwidth-bound when the first exceeds the second).
     timing: bool = False
 
     def __post_init__(self) -> None:
-        check_size("host_cache_limit_gb", self.host_cache_limit_gb, GIB)
-        check_size("min_tensor_mb", self.min_tensor_mb, MIB)
-        if isinstance(self.prefetch_blocks, bool) or not isinstance(self.prefetch_blocks, int) \
-                or self.prefetch_blocks < 1:
-            raise ValueError(f"features.offload.prefetch_blocks={self.prefetch_blocks!r} must be an "
-                             f"integer >= 1 (1: bring back the next block down during backward)")
+        # The numbers' ranges are checked when the config is composed (`graft.config.bounded`).
         for pattern in self.modules:
             check_pattern(pattern)
 
@@ -54,18 +53,6 @@ class OffloadConfig:
     def min_tensor_bytes(self) -> int:
         """`min_tensor_mb` in bytes."""
         return int(self.min_tensor_mb * MIB)
-
-
-def check_size(name: str, value: float, unit: int) -> None:
-    """ValueError unless ``value`` (in units of ``unit`` bytes) is finite, >= 0 and fits in an
-    int of bytes."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"features.offload.{name}={value!r} must be a number")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"features.offload.{name}={value!r} must be a finite number >= 0")
-    if value > sys.maxsize // unit:
-        raise ValueError(f"features.offload.{name}={value!r} is too large: at most "
-                         f"{sys.maxsize // unit}")
 
 
 def check_pattern(pattern: object) -> None:

@@ -103,8 +103,10 @@ class SwapEntry:
         if self.state is not State.ON_HOST:
             return
         assert self.lease is not None
-        self.device_tensor, self.copied_in = transfers.copy_in(
-            self.lease.buffer, self.shape, self.dtype, self.copied_out)
+        # ON_HOST: the compute stream waited for the copy out, and the copy back waits for the
+        # compute stream, so it reads the buffer after the copy out wrote it.
+        self.device_tensor, self.copied_in = transfers.copy_in(self.lease.buffer, self.shape,
+                                                               self.dtype)
         self.lease.last_copy = self.copied_in
         self.lease.writing = self.device_tensor
         self.state = State.COPYING_IN

@@ -3,12 +3,16 @@
 A selected block runs inside a ``saved_tensors_hooks`` context that is the *outer* hook around
 activation checkpointing: non-reentrant checkpointing saves the block's positional inputs before
 it pushes its own hook, so exactly those reach the pack hook here, while everything inside the
-block goes to checkpointing's hook and is recomputed. The pack hook copies the block's input
-(its first positional tensor) to a host buffer on a side stream; at the next block's start the
-compute stream waits for that copy and the input's device memory is let go. In backward, the
-unpack hook brings the input back (usually already prefetched) and starts bringing back the
-inputs of the next blocks down. The last block's input is never offloaded: its backward runs
-first. Passes without gradients (rollout, old and reference log-probs) run untouched.
+block goes to checkpointing's hook and is recomputed. (When the checkpoint runs inside a
+compiled block, as with transformers >= 5.23 and ``engine.compile``, the compiled graph saves
+the input with the parameters and RoPE tables it recomputes from; all of them reach the hook,
+which offloads the input only and counts the rest in ``offload/other_saved_gb``.) The pack hook
+copies the block's input (its first positional tensor) to a host buffer on a side stream; at
+the next block's start the compute stream waits for that copy and the input's device memory is
+let go. In backward, the unpack hook brings the input back (usually already prefetched) and
+starts bringing back the inputs of the next blocks down. The last block's input is never
+offloaded: its backward runs first. Passes without gradients (rollout, old and reference
+log-probs) run untouched.
 """
 
 from __future__ import annotations
@@ -75,9 +79,9 @@ def ineligible_reason(tensor: torch.Tensor, backend: CopyBackend, min_bytes: int
 class Offloader:
     """Offload the inputs of the blocks ``names`` (in forward order) of one model."""
 
-    def __init__(self, names: Sequence[str], *, backend: CopyBackend, device: torch.device,
-                 pool: HostBufferPool, min_bytes: int = 0, prefetch_blocks: int = 1,
-                 timing: bool = False) -> None:
+    def __init__(self, names: Sequence[str], *, backend: CopyBackend, pool: HostBufferPool,
+                 device: torch.device | None = None, min_bytes: int = 0,
+                 prefetch_blocks: int = 1, timing: bool = False) -> None:
         if not names:
             raise ValueError("Offloader needs at least one block")
         self.names = list(names)
@@ -94,6 +98,10 @@ class Offloader:
         self._lock = threading.RLock()
         self._warned_keywords: set[int] = set()
         self._reported_kept: dict[int, str] = {}
+        # None until the first block input with gradients says whether the model is on the
+        # backend's device (``device`` may be unknown when the offload is applied: a model
+        # built on the meta device gets its device only when it is sharded and filled).
+        self._off_device: bool | None = None
 
     @property
     def last_block(self) -> int:
@@ -108,7 +116,7 @@ class Offloader:
             return call(*args, **kwargs)
         boundary = next((a for a in args if isinstance(a, torch.Tensor)), None)
         self._report_keyword_inputs(block, kwargs, positional=boundary is not None)
-        if boundary is None:
+        if boundary is None or not self._runs_on(boundary):
             return call(*args, **kwargs)
         reason = LAST_BLOCK if block == self.last_block else ineligible_reason(
             boundary, self.backend, self.min_bytes)
@@ -177,16 +185,28 @@ class Offloader:
             self.transfers.take_times()
 
     def end_step(self) -> dict[str, float]:
-        """This step's metrics (``offload/host_gb``, ``offload/offloaded_gb``,
-        ``offload/kept_on_gpu_blocks``, and the copy rates with ``timing``); reports the blocks
-        whose input stayed on the GPU when they change."""
+        """This step's metrics (``offload/host_gb``, ``offload/pinned_gb``,
+        ``offload/offloaded_gb``, ``offload/other_saved_gb``, ``offload/kept_on_gpu_blocks``,
+        and the copy rates with ``timing``); reports the blocks whose input stayed on the GPU
+        when they change."""
         with self._lock:
             self.release_copied()
-            metrics = step_metrics(self.stats, self.pool.held_bytes, self.last_block)
+            metrics = step_metrics(self.stats, self.pool.held_bytes, self.pool.pinned_bytes,
+                                   self.last_block)
             if self.transfers.timing:
                 metrics.update(copy_rates(self.transfers.take_times(), self.backend.elapsed_ms))
             self._report_kept()
             return metrics
+
+    def _runs_on(self, boundary: torch.Tensor) -> bool:
+        with self._lock:
+            if self._off_device is None:
+                self._off_device = not self.backend.is_device_tensor(boundary)
+                if self._off_device:
+                    logger.warning("graft-offload: the model runs on %s, not on a %s device: "
+                                   "activation offload does nothing in this run",
+                                   boundary.device, self.backend.device_type.upper())
+            return not self._off_device
 
     def _record_for(self, block: int) -> PassRecord:
         # A block index that does not increase starts a new forward pass.
@@ -251,6 +271,11 @@ class _BlockPack:
 
     def __call__(self, tensor: torch.Tensor) -> Any:
         if _identity(tensor) != self.identity:
+            # Transformers >= 5.23 checkpoints inside the block's forward, so with compiled
+            # blocks the checkpoint is part of the compiled graph, which saves the input with
+            # the parameters and RoPE tables it recomputes from; they stay where they are.
+            if not isinstance(tensor, torch.nn.Parameter):
+                self.offloader.stats.note_other_saved(tensor)
             return tensor
         if self.entry is None:
             self.entry = self.offloader.save_input(self.block, tensor, self.reason, self.record)

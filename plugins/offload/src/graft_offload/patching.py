@@ -4,7 +4,11 @@ Python looks ``__call__`` up on the type, so each selected instance is switched 
 subclass of its own class whose ``__call__`` hands the call to the offloader; the class keeps
 its name, every other instance of the original class is untouched, and FSDP2's later class
 swap (``FSDP<cls>``) inherits the routing. The subclass's ``__call__`` wraps the class's own
-``__call__`` (transformers' checkpointing wrapper), so the offload hook is the outer one.
+``__call__``, and with it transformers' checkpointing, so the offload hook is the outer one:
+transformers before 5.23 checkpoints in ``GradientCheckpointingLayer.__call__``, later versions
+in a wrapper of each subclass's ``forward`` (the private subclass gets one too; only the
+outermost checkpoints), inside ``nn.Module.__call__`` and so inside FSDP2's hooks and a block
+compiled with ``Module.compile``.
 """
 
 from __future__ import annotations

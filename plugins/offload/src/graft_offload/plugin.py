@@ -19,7 +19,8 @@ def graft_config_sections() -> list[tuple[str, type]]:
 @hookimpl
 def graft_pre_shard(model: Any, cfg: Any, role: str) -> None:
     """Route the selected blocks of the policy model through an offloader (after activation
-    checkpointing, before FSDP2); the reference model is left alone."""
+    checkpointing, before FSDP2; the model may still be on the meta device); the reference
+    model is left alone."""
     if cfg.features.offload.enabled:
         from graft_offload.runtime import offload_from_config
 
@@ -36,7 +37,8 @@ def graft_step_begin(step: int) -> None:
 
 @hookimpl
 def graft_step_end(step: int, metrics: dict[str, float]) -> None:
-    """Add ``offload/host_gb``, ``offload/offloaded_gb`` and ``offload/kept_on_gpu_blocks``."""
+    """Add ``offload/host_gb``, ``offload/pinned_gb``, ``offload/offloaded_gb``,
+    ``offload/other_saved_gb`` and ``offload/kept_on_gpu_blocks``."""
     runtime = _runtime_if_loaded()
     if runtime is not None:
         runtime.end_step(metrics)

@@ -4,7 +4,8 @@ Buffers are allocated once (pinned where the backend can) and reused step after 
 takes the smallest idle buffer that is large enough, allocates a new one only while the total
 stays under the ceiling, and otherwise frees idle buffers (least recently used first) to make
 room. When nothing fits, `acquire` returns None and the caller keeps the tensor on the device.
-The ceiling bounds every byte the pool holds, idle or in use.
+The ceiling bounds every byte the pool holds, idle or in use; the backend's allocations are the
+pool's own (`graft_offload.pinned`), so a freed buffer is no longer held by anything.
 """
 
 from __future__ import annotations
@@ -50,8 +51,11 @@ class HostAllocator(Protocol):
         """``nbytes`` of host memory as a uint8 tensor, and None when it is pinned or the reason
         pinning failed (the memory is then pageable)."""
 
+    def synchronize_event(self, event: Any) -> None:
+        """Block the host until the work before ``event`` is done."""
+
     def free_host(self, buffer: HostBuffer) -> None:
-        """Give ``buffer`` back once its last copy (``free_after``) is done."""
+        """Give ``buffer`` back; its last copy (``free_after``) is done."""
 
 
 class HostBufferPool:
@@ -141,6 +145,8 @@ class HostBufferPool:
 
     def _free(self, buffer: HostBuffer) -> None:
         self._idle.remove(buffer)
+        if buffer.free_after is not None:  # a copy may still be reading or writing it
+            self.allocator.synchronize_event(buffer.free_after)
         self.allocator.free_host(buffer)
         self.held_bytes -= buffer.capacity
         self.pinned_bytes -= buffer.capacity if buffer.pinned else 0

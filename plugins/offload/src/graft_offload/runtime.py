@@ -28,7 +28,6 @@ logger = logging.getLogger("graft.offload")
 
 _LIVE: weakref.WeakSet[Offloader] = weakref.WeakSet()
 _backend_factory: Callable[[], CopyBackend] = CudaCopyBackend
-_said_no_device = False
 _DEFAULTS = OffloadConfig()
 
 
@@ -46,41 +45,40 @@ def use_copy_backend(factory: Callable[[], CopyBackend]) -> Iterator[None]:
 def offload_from_config(model: torch.nn.Module, cfg: Any, role: str) -> Offloader | None:
     """Apply ``cfg.features.offload`` to ``model`` (the ``graft_pre_shard`` hook's work).
 
-    Nothing happens when the section is off, for the frozen reference (``role`` other than
-    ``policy``), or, after the module patterns are checked, when the model is not on the copy
-    backend's device (said once per process). `ConfigError` for patterns that match nothing
-    and for activation checkpointing turned off.
+    Nothing happens when the section is off or for the frozen reference (``role`` other than
+    ``policy``). The model may be on the meta device (a ``model.path`` checkpoint is built on
+    meta, sharded, then filled): the offloader takes its device from the first block input it
+    sees, and if that is not the copy backend's device it says so once and does nothing.
+    `ConfigError` for patterns that match nothing and for activation checkpointing turned off.
     """
     section: OffloadConfig = cfg.features.offload
     if not section.enabled or role != "policy":
         return None
     family = family_for(getattr(getattr(model, "config", None), "model_type", ""))
     selected = select_modules(model, section.modules, family.decoder_blocks)
-    backend = _backend_factory()
-    device = next(model.parameters()).device
-    if device.type != backend.device_type:
-        _say_no_device(device, backend)
-        return None
     if not cfg.engine.activation_checkpointing:
         raise ConfigError(
             "features.offload.enabled=true needs engine.activation_checkpointing=true: the "
             "offload moves the block inputs that checkpointing keeps; without checkpointing "
             "every intermediate activation stays on the GPU and the offload frees almost "
             "nothing. Set engine.activation_checkpointing=true (or features.offload.enabled=false).")
-    return apply_offload(selected, device=device, backend=backend,
+    return apply_offload(selected, backend=_backend_factory(),
                          host_cache_limit_bytes=section.host_cache_limit_bytes,
                          min_tensor_bytes=section.min_tensor_bytes,
                          prefetch_blocks=section.prefetch_blocks, timing=section.timing)
 
 
-def apply_offload(modules: Sequence[tuple[str, torch.nn.Module]], *, device: torch.device,
-                  backend: CopyBackend | None = None,
+def apply_offload(modules: Sequence[tuple[str, torch.nn.Module]], *,
+                  device: torch.device | None = None, backend: CopyBackend | None = None,
                   host_cache_limit_bytes: int = _DEFAULTS.host_cache_limit_bytes,
                   min_tensor_bytes: int = _DEFAULTS.min_tensor_bytes,
                   prefetch_blocks: int = _DEFAULTS.prefetch_blocks,
                   timing: bool = _DEFAULTS.timing) -> Offloader:
     """Offload the inputs of ``modules`` (``(name, module)`` in forward order) to host memory,
-    with the settings of ``features.offload`` in bytes (its defaults unless given).
+    with the settings of ``features.offload`` in bytes (its defaults unless given). ``device``:
+    the device the blocks run on; None takes it from the first block input (a model on the
+    meta device). A model whose first block input is not on the copy backend's device is
+    left as it is (said once).
 
     Call it after activation checkpointing and before sharding. The step hooks drive the
     returned `Offloader` (`begin_step`, `end_step`); `remove_offload` undoes it.
@@ -121,10 +119,3 @@ def end_step(metrics: dict[str, float]) -> None:
             for name, value in offloader.end_step().items():
                 metrics[name] = metrics.get(name, 0.0) + value
 
-
-def _say_no_device(device: torch.device, backend: CopyBackend) -> None:
-    global _said_no_device
-    if not _said_no_device:
-        _said_no_device = True
-        logger.warning("graft-offload: the model is on %s, not on a %s device: activation "
-                       "offload does nothing in this run", device, backend.device_type.upper())

@@ -23,10 +23,23 @@ class StepStats:
     offloaded_bytes: int = 0  # device -> host
     fetched_bytes: int = 0  # host -> device
     kept: dict[int, str] = field(default_factory=dict)  # block index -> why it stayed
+    # Tensors other than their inputs and parameters that the selected blocks saved for
+    # backward, by storage (a tensor saved by several blocks, as RoPE tables are, counts once):
+    # with activation checkpointing in effect there are few and they are small.
+    other_saved: dict[int, int] = field(default_factory=dict)
 
     def keep(self, block: int, reason: str) -> None:
         """Record that ``block``'s input stayed on the device (the first reason wins)."""
         self.kept.setdefault(block, reason)
+
+    def note_other_saved(self, tensor: Any) -> None:
+        """Count a tensor a block saved that is neither its input nor a parameter (by the
+        storage it keeps alive)."""
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a tensor subclass without one storage
+            return
+        self.other_saved[storage.data_ptr()] = storage.nbytes()
 
     def kept_blocks(self, last_block: int) -> dict[int, str]:
         """The kept blocks other than the last one (``last_block``, kept by design)."""
@@ -66,11 +79,15 @@ def median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def step_metrics(stats: StepStats, host_bytes: int, last_block: int) -> dict[str, float]:
-    """The per-step metrics: host memory held (GiB), bytes offloaded this step (GiB), and how
-    many selected blocks other than the last (``last_block``) kept their input on the GPU."""
-    return {"offload/host_gb": host_bytes / GIB,
+def step_metrics(stats: StepStats, host_bytes: int, pinned_bytes: int,
+                 last_block: int) -> dict[str, float]:
+    """The per-step metrics: host memory held (GiB) and the part of it that is page-locked
+    (GiB), bytes offloaded this step (GiB), the bytes the blocks saved besides their inputs
+    and parameters (GiB), and how many selected blocks other than the last (``last_block``)
+    kept their input on the GPU."""
+    return {"offload/host_gb": host_bytes / GIB, "offload/pinned_gb": pinned_bytes / GIB,
             "offload/offloaded_gb": stats.offloaded_bytes / GIB,
+            "offload/other_saved_gb": sum(stats.other_saved.values()) / GIB,
             "offload/kept_on_gpu_blocks": float(len(stats.kept_blocks(last_block)))}
 
 

@@ -1,10 +1,14 @@
 """The two side streams (device-to-host, host-to-device) and the copies on them, ordered with events.
 
 Every copy waits for an event recorded on the compute stream at the moment it is queued, so it
-reads (or overwrites) memory only after the compute work queued before it; the compute stream
-waits for a copy's event before it frees the copied tensor's memory or reads the restored one.
-The compute stream is looked up on every call (never cached) and always outside the side
-streams' contexts, where the current stream would be the side stream itself.
+reads (or overwrites) device memory only after the compute work queued before it; a copy into a
+host buffer also waits for the buffer's previous copy; the compute stream waits for a copy's
+event before it frees the copied tensor's memory or reads the restored one. A copy back needs
+no wait of its own for its copy out: it starts only once the compute stream waited for that
+copy (`graft_offload.entry`), and it waits for the compute stream. The compute stream is looked
+up on every call (never cached) and always outside the side streams' contexts, where the
+current stream would be the side stream itself. The streams are made on the device of the
+first tensor copied out, unless a device is given (`bind`).
 """
 
 from __future__ import annotations
@@ -32,17 +36,36 @@ class CopyTimes:
 class Transfers:
     """Queue copies of tensors between the device and host buffers on ``device``'s side streams."""
 
-    def __init__(self, backend: CopyBackend, device: torch.device, *, timing: bool = False) -> None:
+    def __init__(self, backend: CopyBackend, device: torch.device | None = None, *,
+                 timing: bool = False) -> None:
         self.backend = backend
-        self.device = device
         self.timing = timing
-        self.d2h_stream = backend.new_stream(device)
-        self.h2d_stream = backend.new_stream(device)
+        self.device: torch.device | None = None
+        self.d2h_stream: Any = None
+        self.h2d_stream: Any = None
         self.times = CopyTimes()
+        if device is not None:
+            self.bind(device)
+
+    @property
+    def bound(self) -> bool:
+        """Whether the side streams exist (`bind` was called)."""
+        return self.device is not None
+
+    def bind(self, device: torch.device) -> None:
+        """Make the side streams on ``device`` (once; a model built on the meta device learns
+        its device only at its first forward)."""
+        if self.device is None:
+            self.d2h_stream = self.backend.new_stream(device)
+            self.h2d_stream = self.backend.new_stream(device)
+            self.device = device
 
     def copy_out(self, tensor: torch.Tensor, buffer: HostBuffer) -> Any:
         """Queue ``tensor`` -> ``buffer`` after the compute work queued so far (and after the
-        buffer's previous copy); returns the event that marks the copy done."""
+        buffer's previous copy, which may be a copy back still reading it: one whose graph was
+        dropped during its backward); returns the event that marks the copy done. Binds the
+        streams to ``tensor``'s device if they are not yet."""
+        self.bind(tensor.device)
         backend = self.backend
         produced = backend.record_event(self._compute(), timing=self.timing)
         if self.timing:
@@ -53,16 +76,17 @@ class Transfers:
         host = buffer.view(tensor.shape, tensor.dtype)
         return self._copy_on(self.d2h_stream, D2H, host, tensor)
 
-    def copy_in(self, buffer: HostBuffer, shape: torch.Size, dtype: torch.dtype,
-                copied_out: Any) -> tuple[torch.Tensor, Any]:
-        """A new device tensor filled from ``buffer`` once its copy out (``copied_out``) is done;
-        returns it and the event that marks the copy done. The tensor is allocated for the
-        compute stream, so the caching allocator reuses its memory in that stream's order."""
+    def copy_in(self, buffer: HostBuffer, shape: torch.Size, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, Any]:
+        """A new device tensor filled from ``buffer``, after the compute work queued so far (the
+        caller's compute stream already waited for the buffer's copy out); returns it and the
+        event that marks the copy done. The tensor is allocated for the compute stream, so the
+        caching allocator reuses its memory in that stream's order: the copy must not write it
+        before the compute work queued before it is done with that memory."""
         backend = self.backend
         compute = self._compute()
         tensor = backend.empty(shape, dtype, self.device)
         backend.wait_event(self.h2d_stream, backend.record_event(compute))
-        backend.wait_event(self.h2d_stream, copied_out)
         return tensor, self._copy_on(self.h2d_stream, H2D, tensor, buffer.view(shape, dtype))
 
     def wait(self, event: Any) -> None:
