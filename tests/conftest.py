@@ -24,6 +24,7 @@ SITES = {
     "typo": ("graft_typo_plugin",),
     "moe_ep": ("graft_moe_ep_plugin",),
     "meta_blind": ("graft_meta_blind_plugin",),
+    "offload_standin": ("graft_offload_standin_plugin",),
 }
 
 ENV_KEYS = ("GRAFT_PLUGINS", "GRAFT_DISABLE_PLUGINS", "GRAFT_TRACE_PLUGINS", "GRAFT_DEBUG")

@@ -78,14 +78,15 @@ def run_graft(args: Sequence[str], *, env: Mapping[str, str] | None = None,
               timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
     """``python -m graft ARGS`` with its output (stdout and stderr together) captured.
 
-    A run still going after ``timeout_s`` seconds (a hang) is stopped and is an
+    ``env`` is added to the environment (a ``PYTHONPATH`` in it goes in front of the inherited
+    one). A run still going after ``timeout_s`` seconds (a hang) is stopped and is an
     `AssertionError` with the output's tail: SIGTERM to the command's process group (torchrun
     then stops its ranks, which run in sessions of their own), SIGKILL 30 s later.
     """
     command = [sys.executable, "-m", "graft", *args]
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                   start_new_session=True, env={**os.environ, **(env or {})})
+                                   start_new_session=True, env=_environment(env))
         try:
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -95,6 +96,16 @@ def run_graft(args: Sequence[str], *, env: Mapping[str, str] | None = None,
                                  f"{log.read()[-4000:]}") from None
         log.seek(0)
         return subprocess.CompletedProcess(command, process.returncode, log.read())
+
+
+def _environment(extra: Mapping[str, str] | None) -> dict[str, str]:
+    """This process's environment with ``extra`` set; a ``PYTHONPATH`` in ``extra`` goes in
+    front of the inherited one instead of replacing it."""
+    env = {**os.environ, **(extra or {})}
+    inherited = os.environ.get("PYTHONPATH")
+    if extra and "PYTHONPATH" in extra and inherited:
+        env["PYTHONPATH"] = os.pathsep.join([extra["PYTHONPATH"], inherited])
+    return env
 
 
 def _stop(process: subprocess.Popen[str], grace_s: float = 30) -> None:

@@ -1,0 +1,1 @@
+"""graft-offload-standin-plugin: graft-offload's CPU stand-in in a ``graft train`` process."""
