@@ -32,10 +32,10 @@ def test_packed_masks_name_the_cache_as_the_installed_transformers_does() -> Non
     from transformers.masking_utils import create_causal_mask
 
     from graft.models import preset_config
-    from graft_gpt_oss.family import cache_argument, packed_masks
+    from graft_gpt_oss.family import mask_cache_keyword, packed_masks
 
     renamed = Version(transformers.__version__).release >= (5, 24)
-    assert cache_argument(create_causal_mask) == ("cache" if renamed else "past_key_values")
+    assert mask_cache_keyword(create_causal_mask) == ("cache" if renamed else "past_key_values")
     config = preset_config("gpt_oss", {}, sliding_window=2)
     config._attn_implementation = "sdpa"
     position_ids = torch.tensor([[0, 1, 2, 0, 1]])

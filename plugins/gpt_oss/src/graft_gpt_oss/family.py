@@ -27,12 +27,12 @@ def packed_masks(config: PretrainedConfig, position_ids: torch.Tensor,
 
     embeds = torch.empty((*position_ids.shape, 1), dtype=dtype, device=position_ids.device)
     return {layer_type: make(config, embeds, attention_mask=None, position_ids=position_ids,
-                             **{cache_argument(make): None})
+                             **{mask_cache_keyword(make): None})
             for layer_type, make in (("full_attention", create_causal_mask),
                                      ("sliding_attention", create_sliding_window_causal_mask))}
 
 
-def cache_argument(mask_function: Any) -> str:
+def mask_cache_keyword(mask_function: Any) -> str:
     """The name ``mask_function`` (transformers' ``create_*_mask``) takes the KV cache by:
     ``past_key_values`` through transformers 5.23, ``cache`` from 5.24 (which still accepts the
     old name, deprecated, until 5.40)."""
