@@ -4,17 +4,23 @@ update's model TFLOP/s next to an SFT step of the same model and tokens through 
 A TinyLlama-1.1B-shaped dense model (random bf16 compute, fp32 masters), the synthetic pattern
 task, ``--prompts`` prompts x ``--n`` samples per step, up to ``--max-new-tokens`` generated
 tokens each, GRPO with token-mean, FSDP2 on one GPU. One run per ``--variants`` entry (`VARIANTS`:
-before = the old-log-prob pass every step and the dynamic-cache decode; skip = the on-policy
+default = no overrides, what `auto` picks (graft.config.auto; the only variant without
+``--variants``); before = the old-log-prob pass every step and the dynamic-cache decode; skip = the on-policy
 skip; static = plus the static-cache decode copy, compiled by inductor (static-cudagraphs:
 Graft's own decode loop replaying the eager decode step from a CUDA graph); rows = static plus
 packed rows of at most 2048 tokens; graphs-rows = static-cudagraphs plus those rows; fused-rows
 = graphs-rows with the step's kernels fused by inductor, eager rounding kept (the default); flex
-= static plus FlexAttention for packed rows),
-then an SFT step through the last variant's engine on samples of the RL batch's lengths. The
-first step (warm-up) is left out of the averages.
+= static plus FlexAttention for packed rows; every variant but default pins the settings
+`auto` would choose), then an SFT step through the last variant's engine on samples of the RL
+batch's lengths. The first step (warm-up) is left out of the averages; each row reports its
+``time_to_first_step_s`` (from the start of the process: only the first variant's is a fresh
+start). ``--cold-warm`` runs the default twice more, each in a fresh process with one step: with
+an empty torch.compile cache folder, then with the folder the first filled.
 
-    python3 bench/rl_throughput.py --out $OUT/rl_throughput.json
-    python3 bench/rl_throughput.py --tiny            # CPU smoke test
+    python3 bench/rl_throughput.py --out $OUT/rl_throughput.json          # the defaults
+    python3 bench/rl_throughput.py --cold-warm --out $OUT/rl_default.json
+    python3 bench/rl_throughput.py --variants before fused-rows --out $OUT/rl_throughput.json
+    python3 bench/rl_throughput.py --tiny --cold-warm                     # CPU smoke test
     python3 bench/rl_throughput.py --variants fused-rows --profile-rollout $OUT/profile.json
 """
 
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,26 +47,29 @@ SHAPES_1B = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers"
              "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 64}
 
 
+# Settings `auto` picks on CUDA; the variants that are not `default` pin them.
+ONE_ROW, NO_COMPILE = "engine.max_tokens_per_row=0", "engine.compile=false"
 # variant -> config overrides
 VARIANTS = {
-    "before": ["algorithm.old_logprobs=always", "rollout.decode=dynamic"],
-    "skip": ["algorithm.old_logprobs=auto", "rollout.decode=dynamic"],
+    "default": [],
+    "before": ["algorithm.old_logprobs=always", "rollout.decode=dynamic", ONE_ROW, NO_COMPILE],
+    "skip": ["algorithm.old_logprobs=auto", "rollout.decode=dynamic", ONE_ROW, NO_COMPILE],
     "static": ["algorithm.old_logprobs=auto", "rollout.decode=static",
-               "rollout.decode_compile=inductor"],
+               "rollout.decode_compile=inductor", ONE_ROW, NO_COMPILE],
     "static-cudagraphs": ["algorithm.old_logprobs=auto", "rollout.decode=static",
                           "rollout.decode_compile=cudagraphs",
-                          "rollout.decode_fuse_kernels=false"],
+                          "rollout.decode_fuse_kernels=false", ONE_ROW, NO_COMPILE],
     "rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
-             "rollout.decode_compile=inductor", "engine.max_tokens_per_row=2048"],
+             "rollout.decode_compile=inductor", "engine.max_tokens_per_row=2048", NO_COMPILE],
     "graphs-rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
                     "rollout.decode_compile=cudagraphs", "rollout.decode_fuse_kernels=false",
-                    "engine.max_tokens_per_row=2048"],
+                    "engine.max_tokens_per_row=2048", NO_COMPILE],
     "fused-rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
                    "rollout.decode_compile=cudagraphs", "rollout.decode_fuse_kernels=true",
-                   "engine.max_tokens_per_row=2048"],
+                   "engine.max_tokens_per_row=2048", NO_COMPILE],
     "flex": ["algorithm.old_logprobs=auto", "rollout.decode=static",
              "rollout.decode_compile=inductor",
-             "model.attn_implementation=flex_attention"],
+             "model.attn_implementation=flex_attention", ONE_ROW, NO_COMPILE],
 }
 
 
@@ -122,7 +132,12 @@ def rl_row(args: argparse.Namespace, variant: str, *,
     # forward + backward = 6 N per token; an old-log-prob pass adds a forward, 2 N per token
     # one update per step (ppo_epochs = mini_batches = 1): "auto" skips the old-log-prob pass
     flops_per_token = (6 + (2 if cfg.algorithm.old_logprobs == "always" else 0)) * params
-    return {"variant": variant, "overrides": VARIANTS[variant], "parameters": params,
+    first = next(r for r in history if "time_to_first_step_s" in r)
+    return {"variant": variant, "overrides": VARIANTS[variant],
+            "auto": [str(choice) for choice in trainer.auto_choices], "parameters": params,
+            "time_to_first_step_s": round(first["time_to_first_step_s"], 1),
+            "compile_cache_hits": first.get("compile_cache_hits", 0),
+            "compile_cache_misses": first.get("compile_cache_misses", 0),
             "tokens_per_step": round(tokens),
             "rollout_tokens_per_s": round(mean(r["rollout_tokens_per_s"] for r in steady)),
             "update_tokens_per_s": round(tokens / update_s),
@@ -153,9 +168,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
-    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS),
-                        default=["before", "skip", "static", "static-cudagraphs", "rows",
-                                 "graphs-rows", "fused-rows"])
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["default"])
+    parser.add_argument("--cold-warm", action="store_true",
+                        help="also run the default twice in fresh processes (one step each): "
+                             "an empty compile cache folder, then the same folder again")
+    parser.add_argument("--no-sft", action="store_true", help="skip the SFT row")
     parser.add_argument("--override", nargs="*", default=[], help="more config overrides")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--out", default=None)
@@ -173,25 +190,62 @@ def main() -> None:
         rows.append(row)
         write(args.out, {"partial": True, "rows": rows})  # what is measured survives a timeout
     measured = [r for r in rows if "error" not in r]
-    rows.append(sft_row(args, trainer, measured[-1]))
-    rl_rate = measured[-1]["update_tokens_per_s"] / rows[-1]["update_tokens_per_s"]
     result = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
               "shapes": "tiny-llama" if args.tiny else SHAPES_1B,
               "samples_per_step": args.prompts * args.n, "max_new_tokens": args.max_new_tokens,
-              "rl_update_over_sft_tokens_per_s": round(rl_rate, 3), "rows": rows}
+              "rows": rows}
+    if measured and not args.no_sft:
+        rows.append(sft_row(args, trainer, measured[-1]))
+        rl_rate = measured[-1]["update_tokens_per_s"] / rows[-1]["update_tokens_per_s"]
+        result["rl_update_over_sft_tokens_per_s"] = round(rl_rate, 3)
+    if args.cold_warm:
+        result["cold_warm"] = cold_warm(args)
     print(f"{'variant':<36} {'update tok/s':>12} {'TFLOP/s':>8} {'rollout tok/s':>13} "
-          f"{'step s':>7} {'mismatch':>9}")
+          f"{'step s':>7} {'mismatch':>9} {'1st step s':>10}")
     for row in rows:
         if "error" in row:
             print(f"{row['variant']:<36} failed: {row['error']}")
             continue
         print(f"{row['variant']:<36} {row['update_tokens_per_s']:>12,} "
               f"{row['update_model_tflops']:>8} {row.get('rollout_tokens_per_s', ''):>13} "
-              f"{row.get('step_s', 0):>7.2f} {row.get('train_infer_logprob_diff', 0):>9.2g}")
+              f"{row.get('step_s', 0):>7.2f} {row.get('train_infer_logprob_diff', 0):>9.2g} "
+              f"{row.get('time_to_first_step_s', ''):>10}")
+    for run in result.get("cold_warm", []):
+        print(f"time to first step, {run['cache']} compile cache (fresh process): "
+              f"{run.get('time_to_first_step_s', run.get('error'))} s "
+              f"(cache hits {run.get('compile_cache_hits')}, misses "
+              f"{run.get('compile_cache_misses')})")
     write(args.out, result)
     if args.profile_rollout:
         write(args.profile_rollout, {"date": result["date"], "command": result["command"],
                                      "variant": args.variants[-1], **profile})
+
+
+def cold_warm(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The default variant's time to first step in two fresh processes of one step each: an
+    empty compile cache folder (cold), then the same folder (warm)."""
+    runs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        cache = f"{scratch}/torch_compile"
+        for label in ("cold", "warm"):
+            out = f"{scratch}/{label}.json"
+            command = [sys.executable, __file__, "--variants", "default", "--steps", "1",
+                       "--no-sft", "--prompts", str(args.prompts), "--n", str(args.n),
+                       "--max-new-tokens", str(args.max_new_tokens),
+                       "--micro-batch-tokens", str(args.micro_batch_tokens), "--out", out,
+                       *(["--tiny"] if args.tiny else []), "--override",
+                       f"engine.compile_cache_dir={cache}", *args.override]
+            started = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, text=True)
+            run = {"cache": label, "process_s": round(time.perf_counter() - started, 1)}
+            if done.returncode != 0:
+                run["error"] = done.stderr[-500:]
+            else:
+                (row,) = json.load(open(out))["rows"]
+                run.update({k: row.get(k) for k in ("time_to_first_step_s", "compile_cache_hits",
+                                                    "compile_cache_misses", "error")})
+            runs.append(run)
+    return runs
 
 
 def write(path: str | None, result: dict[str, Any]) -> None:

@@ -69,7 +69,6 @@ def truncate_samples(run_dir: Path, last_step: int) -> None:
 
 
 def _short(text: str) -> str:
-    text = text.strip()
     return text if len(text) <= CONSOLE_CHARS else text[:CONSOLE_CHARS] + " ..."
 
 
