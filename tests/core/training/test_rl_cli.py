@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from statistics import mean
 
@@ -36,26 +34,24 @@ def test_rl_on_two_gloo_ranks_with_kl_to_a_reference(graft_train, metrics_of,
     assert rows[-1]["kl"] > 0, "the policy moved away from the reference"
 
 
-def test_interrupted_run_resumes_when_the_command_is_rerun(metrics_of, tmp_path: Path) -> None:
+def test_interrupted_run_resumes_when_the_command_is_rerun(live_graft, metrics_of,
+                                                          tmp_path: Path) -> None:
     # No trainer.run_dir: rerunning the same command finds the unfinished run under runs/.
-    command = [sys.executable, "-m", "graft", "train", "trainer.total_steps=12",
-               "checkpoint.every_steps=2", *SMALL]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAFT_")}
-    first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.time() + 240
-    while not list(tmp_path.glob("runs/*/checkpoints/step_4")) and time.time() < deadline:
-        time.sleep(0.2)
-    os.killpg(first.pid, signal.SIGINT)  # Ctrl-C
-    _, stderr = first.communicate(timeout=60)
+    args = ["train", "trainer.total_steps=12", "checkpoint.every_steps=2", *SMALL]
+    first = live_graft(args, cwd=tmp_path)
+    first.wait_for(r"saved checkpoint \S+/step_4$")  # the run's own word, not a wall-clock guess
+    first.interrupt()  # Ctrl-C
+    assert first.finish() == 130, first.output[-3000:]
     (run_dir,) = tmp_path.glob("runs/*")
     interrupted_at = len(metrics_of(run_dir))
     assert 4 <= interrupted_at < 12
     latest = (run_dir / "checkpoints" / "latest").read_text().strip()
     resumes_from = Path("runs") / run_dir.name / "checkpoints" / latest
-    assert f"graft: interrupted; rerun the same command to resume from {resumes_from}\n" in stderr
-    second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=300)
+    assert (f"graft: interrupted; rerun the same command to resume from {resumes_from}\n"
+            in first.output)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAFT_")}
+    second = subprocess.run([sys.executable, "-m", "graft", *args], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=1200)  # a hang's guard
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resumed from" in second.stderr
     assert list(tmp_path.glob("runs/*")) == [run_dir], "same run directory, no new one"

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from graft._version import __version__
 from graft.cli import ckpt_cmd, config_cmd, export_cmd, plugins_cmd, train_cmd
-from graft.cli.common import collect_overrides
+from graft.cli.common import add_global_plugin_option, collect_overrides
 from graft.errors import GraftError
 
 SUBCOMMANDS = (train_cmd, plugins_cmd, config_cmd, ckpt_cmd, export_cmd)
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Graft: LLM post-training (RL and SFT) with pip-installable plugins.",
     )
     parser.add_argument("--version", action="version", version=f"graft {__version__}")
+    add_global_plugin_option(parser)  # also accepted after the subcommand
     # Not required: a bare `graft` prints this help (see `main`).
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +36,28 @@ def _dest(option: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate the config; launch torchrun if asked, else train in this process."""
-    from graft.config import compose
+    """Validate the config and check its paths; launch torchrun if asked, else train in this
+    process (also as one of torchrun's ranks)."""
+    from graft.engine.launch import rank_errors_recorded, use_short_openmp_spin
 
-    manager = load_for(args)
-    cfg = compose(args.overrides, args.config, manager=manager)
-    torchrun_args = [item for option in TORCHRUN_OPTIONS
-                     if (value := getattr(args, _dest(option))) is not None
-                     for item in (option, value)]
-    if (args.nproc or torchrun_args) and "LOCAL_RANK" not in os.environ:
-        return launch_torchrun(args, torchrun_args)
+    use_short_openmp_spin()  # before anything imports torch
+    with rank_errors_recorded():
+        from graft.config import compose
+        from graft.config.preflight import preflight
+
+        manager = load_for(args)
+        cfg = compose(args.overrides, args.config, manager=manager)
+        preflight(cfg)  # errors that need no ranks, found before torchrun starts them
+        torchrun_args = [item for option in TORCHRUN_OPTIONS
+                         if (value := getattr(args, _dest(option))) is not None
+                         for item in (option, value)]
+        if (args.nproc or torchrun_args) and "LOCAL_RANK" not in os.environ:
+            return launch_torchrun(args, torchrun_args)
+        return train_here(args, cfg)
+
+
+def train_here(args: argparse.Namespace, cfg: Any) -> int:
+    """Train ``cfg`` in this process: the whole run, or one torchrun rank of it."""
     _quiet_non_main_ranks()
     from graft.engine.distributed import end_torchrun_worker
     from graft.training.api import train
@@ -83,17 +93,21 @@ def resume_note(cfg: Any) -> str:
 
 
 def launch_torchrun(args: argparse.Namespace, torchrun_args: list[str]) -> int:
-    """Run ``python -m torch.distributed.run ... -m graft train <same config>``."""
+    """Run torchrun's launcher, here, on ``-m graft train <same config>``; return its exit
+    code (a failed rank's own, see `graft.engine.launch.run_torchrun`)."""
+    from graft.engine.launch import run_torchrun
+
     # One node without rendezvous options: --standalone picks a free port, so concurrent runs
     # on one machine do not collide on torchrun's default port.
     standalone = [] if torchrun_args else ["--standalone"]
-    command = [sys.executable, "-m", "torch.distributed.run", *standalone,
-               "--nproc-per-node", str(args.nproc or 1), *torchrun_args, "-m", "graft", "train"]
+    command = [*standalone, "--nproc-per-node", str(args.nproc or 1), *torchrun_args,
+               "-m", "graft", "train"]
     for item in args.config:
         command += ["--config", item]
     command += list(args.overrides)
-    logging.getLogger("graft").info("launching: %s", " ".join(command))
-    return subprocess.call(command)
+    # The ranks read --disable-plugin from GRAFT_DISABLE_PLUGINS, which load_for exported.
+    logging.getLogger("graft").info("launching: torchrun %s", " ".join(command))
+    return run_torchrun(command)
 
 
 def _quiet_non_main_ranks() -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from graft.data.files import read_records
+from graft.data.files import read_records, training_file
 from graft.data.prompts import PromptEncoder
 from graft.data.records import records_to_samples
 from graft.data.tasks import TASKS, TextSample, generate_samples
@@ -51,10 +51,9 @@ def load_text_samples(data: DataConfig, *, seed: int, require_response: bool,
         if not data.val_path:
             raise ConfigError("no held-out set: set data.val_path (a .jsonl or .parquet file)")
         return _file_samples(data.val_path, data, split=VAL, require_response=require_response)
-    if data.source == "file":
-        if not data.path:
-            raise ConfigError("data.source=file needs data.path (a .jsonl or .parquet file)")
-        return _file_samples(data.path, data, split=TRAIN, require_response=require_response)
+    path = training_file(data)
+    if path is not None:
+        return _file_samples(path, data, split=TRAIN, require_response=require_response)
     if data.source not in TASKS:
         raise ConfigError(f"data.source={data.source!r} is neither 'file' nor a built-in task."
                           f"{did_you_mean(data.source, TASKS)} Tasks: {', '.join(TASKS)}.")

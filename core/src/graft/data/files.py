@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from graft.errors import DataError
+from graft.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from graft.config.schema import DataConfig
 
 
 @dataclass(frozen=True)
@@ -22,26 +25,57 @@ class Record:
     fields: dict[str, Any]
 
 
+SUFFIXES = (".jsonl", ".parquet")
+
+
+def training_file(data: DataConfig) -> str | None:
+    """``data.path`` when ``data.source=file`` (then it must be set), else None (a task)."""
+    if data.source != "file":
+        return None
+    if not data.path:
+        raise ConfigError("data.source=file needs data.path (a .jsonl or .parquet file)")
+    return data.path
+
+
+def dataset_file(path: str, setting: str = "data.path") -> Path:
+    """The dataset file ``path`` (from the config key ``setting``), checked without reading
+    it: it exists, is a readable file, and is ``.jsonl`` or ``.parquet``.
+
+    Cheap: ``graft train`` checks it before launching ranks.
+    """
+    file = Path(path).expanduser()
+    if file.is_dir():
+        raise DataError(f"dataset file {path!r} is a directory ({setting}); give a .jsonl or "
+                        f".parquet file")
+    if not file.is_file():
+        raise DataError(f"dataset file {path!r} does not exist ({setting})")
+    if file.suffix not in SUFFIXES:
+        raise DataError(f"dataset file {path!r}: unsupported extension {file.suffix!r}; use "
+                        f".jsonl or .parquet")
+    try:
+        with file.open("rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise DataError(f"dataset file {path!r} cannot be read ({setting}): "
+                        f"{exc.strerror or exc}") from exc
+    return file
+
+
 def read_records(path: str, setting: str = "data.path") -> list[Record]:
     """Every record of a ``.jsonl`` or ``.parquet`` file, with its 1-based line or row;
     ``setting`` names the config key that gave ``path`` in errors."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise DataError(f"dataset file {path!r} does not exist ({setting})")
+    file = dataset_file(path, setting)
     if file.suffix == ".jsonl":
         return _read_jsonl(file)
-    if file.suffix == ".parquet":
-        import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # the other suffix `dataset_file` allows
 
-        try:
-            rows = pq.read_table(file).to_pylist()
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises many error types
-            raise DataError(f"dataset file {path!r} is not a readable Parquet file: {exc}") from exc
-        if not rows:
-            raise DataError(f"dataset file {file} holds no records")
-        return [Record(f"{file}, row {number}", row) for number, row in enumerate(rows, start=1)]
-    raise DataError(f"dataset file {path!r}: unsupported extension {file.suffix!r}; use .jsonl "
-                    f"or .parquet")
+    try:
+        rows = pq.read_table(file).to_pylist()
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises many error types
+        raise DataError(f"dataset file {path!r} is not a readable Parquet file: {exc}") from exc
+    if not rows:
+        raise DataError(f"dataset file {file} holds no records")
+    return [Record(f"{file}, row {number}", row) for number, row in enumerate(rows, start=1)]
 
 
 def _read_jsonl(file: Path) -> list[Record]:

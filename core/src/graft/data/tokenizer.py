@@ -8,6 +8,7 @@ saves with ``save_pretrained`` next to exported weights and loads in transformer
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from graft.errors import ConfigError
@@ -33,8 +34,21 @@ def builtin_tokenizer() -> PreTrainedTokenizerBase:
                                    pad_token="<pad>", unk_token="<unk>")
 
 
+def tokenizer_dir(path: str) -> Path:
+    """The ``data.tokenizer`` directory: it must exist. Cheap (no transformers import):
+    ``graft train`` checks it before launching ranks."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        problem = "is not a directory" if folder.exists() else "does not exist"
+        raise ConfigError(f"data.tokenizer {path!r} {problem}; set it to a local directory with "
+                          f"tokenizer files, or leave it unset to use the model directory's")
+    return folder
+
+
 def load_tokenizer(path: str | None, model_path: str | None) -> PreTrainedTokenizerBase:
     """``data.tokenizer`` if set, else the model directory's tokenizer, else the built-in one."""
+    if path:
+        tokenizer_dir(path)
     source = path or model_path
     if source is None:
         return builtin_tokenizer()

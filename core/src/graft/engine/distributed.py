@@ -105,9 +105,9 @@ def shutdown_distributed() -> None:
     _created_process_group = False
 
 
-def end_torchrun_worker() -> None:
-    """Leave a torchrun worker after a successful run (and `shutdown_distributed`) without
-    interpreter teardown.
+def end_torchrun_worker(exit_code: int = 0) -> None:
+    """Leave a torchrun worker with ``exit_code`` after its run (and `shutdown_distributed`)
+    without interpreter teardown.
 
     Even with the group destroyed, threads that gloo and FSDP2 leave behind occasionally abort
     the process while C++ statics are destroyed ("terminate called without an active
@@ -120,7 +120,7 @@ def end_torchrun_worker() -> None:
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(exit_code)
 
 
 def all_reduce(value: torch.Tensor, op: Any = dist.ReduceOp.SUM,

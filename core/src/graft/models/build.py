@@ -151,10 +151,11 @@ def resolve_config(model_cfg: ModelConfig, manager: GraftPluginManager | None = 
     return factory(**model_cfg.overrides), family
 
 
-def load_local_config(path: str) -> PretrainedConfig:
-    """Read ``config.json`` of a local model directory; clear errors for everything else."""
-    from transformers import AutoConfig
+def model_dir(path: str) -> Path:
+    """The local model directory ``model.path`` names: it must exist and hold ``config.json``.
 
+    Cheap (no torch or transformers import): ``graft train`` checks it before launching ranks.
+    """
     folder = Path(path).expanduser()
     if not folder.exists():
         hint = ""
@@ -166,6 +167,14 @@ def load_local_config(path: str) -> PretrainedConfig:
     if not (folder / "config.json").is_file():
         raise ConfigError(f"model.path {path!r} is not a Hugging Face model directory: it has no "
                           f"config.json (expected config.json plus *.safetensors weights)")
+    return folder
+
+
+def load_local_config(path: str) -> PretrainedConfig:
+    """Read ``config.json`` of a local model directory; clear errors for everything else."""
+    from transformers import AutoConfig
+
+    folder = model_dir(path)
     try:
         return AutoConfig.from_pretrained(folder, local_files_only=True)
     except (ValueError, OSError) as exc:

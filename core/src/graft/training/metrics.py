@@ -1,11 +1,20 @@
-"""Per-step metrics: one JSON object per line in ``metrics.jsonl``, and the console (rank 0)."""
+"""Per-step metrics: one JSON object per line in ``metrics.jsonl``, and the console (rank 0).
+
+In a terminal the console is a live display (a progress bar and the latest metrics) with the
+step lines and every other message printed above it: `console_print` for a message, and
+`logging` records, whose terminal handlers write through the display while it is up (written
+straight to the terminal they would be drawn over). Lines are fitted to the terminal's width.
+A file or a pipe gets plain, complete lines.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +24,20 @@ import torch
 CONSOLE_KEYS = {"loss": "loss", "reward_mean": "reward", "train_infer_logprob_diff": "mismatch",
                 "grad_norm": "gnorm", "lr": "lr", "tokens_per_s": "tok/s",
                 "peak_memory_gib": "mem_gib"}
+
+
+# The live display's console while one is up (rank 0, in a terminal), for `console_print`.
+_live_console: Any = None
+
+
+def console_print(text: str) -> None:
+    """Print ``text`` (a message, one or more lines) on rank 0's console: above the live
+    progress display while one is up, so the display is redrawn below it, else to stdout.
+    Call it on rank 0 only, as anything that prints."""
+    if _live_console is None:
+        print(text, flush=True)
+    else:
+        _live_console.print(text, markup=False, highlight=False, crop=False, soft_wrap=True)
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -40,15 +63,21 @@ class MetricsLog:
 
     def __enter__(self) -> MetricsLog:
         # A live progress bar only in a terminal; a file or a pipe gets plain, unwrapped lines.
+        global _live_console
         if self.enabled and sys.stdout.isatty():
             self._progress = step_progress()
             self._progress.__enter__()
             self._task = self._progress.add_task("", total=self.total_steps)
+            _live_console = self._progress.console
+            self._restore_logging = route_logging_through(self._progress.console)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        global _live_console
         if self._progress is not None:
             self._progress.__exit__(*exc)
+            self._restore_logging()
+            _live_console = None
         if self._tensorboard is not None:
             self._tensorboard.close()
 
@@ -63,14 +92,17 @@ class MetricsLog:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and key != "step":
                     self._tensorboard.add_scalar(key, value, metrics["step"])
-        line = format_metrics(metrics)
-        step_line = f"step {metrics['step']:>5}  {line}"
         if self._progress is not None:
-            self._progress.update(self._task, completed=metrics["step"], description=line)
+            # One column spare: a terminal may wrap a line that fills the last one.
+            width = self._progress.console.width - 1
+            self._progress.update(self._task, completed=metrics["step"],
+                                  description=format_metrics(metrics, width=width))
             if print_line:
-                self._progress.console.print(step_line, markup=False)
+                prefix = f"step {metrics['step']:>{len(str(self.total_steps))}}  "
+                line = prefix + format_metrics(metrics, width=width - len(prefix))
+                self._progress.console.print(line, markup=False, highlight=False)
         elif print_line:
-            print(step_line, flush=True)
+            print(f"step {metrics['step']:>5}  {format_metrics(metrics)}", flush=True)
 
     def elapsed_s(self) -> float:
         """Wall-clock seconds since this log was created (at the start of training)."""
@@ -95,14 +127,51 @@ def step_progress() -> Any:
                         TimeRemainingColumn(), transient=True)
 
 
-def format_metrics(metrics: dict[str, Any]) -> str:
-    """``loss 1.234  grad_norm 0.5 ...`` for the keys worth a glance."""
+def route_logging_through(console: Any) -> Callable[[], None]:
+    """Point every `logging` stream handler that writes to a terminal at ``console`` (a live
+    display's), so log records are printed above the display rather than over it; return the
+    function that points them back."""
+    from rich.file_proxy import FileProxy
+
+    loggers = [logging.getLogger(), *(item for item in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(item, logging.Logger))]
+    swapped = []
+    for handler in {id(h): h for each in loggers for h in each.handlers}.values():
+        stream = getattr(handler, "stream", None)
+        if (isinstance(handler, logging.StreamHandler)
+                and not isinstance(handler, logging.FileHandler)
+                and not isinstance(stream, FileProxy)
+                and getattr(stream, "isatty", lambda: False)()):
+            swapped.append((handler, handler.setStream(FileProxy(console, stream))))
+
+    def restore() -> None:
+        for handler, stream in swapped:
+            handler.setStream(stream)
+
+    return restore
+
+
+def format_metrics(metrics: dict[str, Any], *, width: int | None = None) -> str:
+    """``loss 1.234  gnorm 0.5 ...`` for the keys worth a glance (`CONSOLE_KEYS`, in order).
+
+    With ``width`` (columns: a terminal's), numbers are compact (3 significant digits, whole
+    numbers from 100) and, if the line is still wider, the fields last in `CONSOLE_KEYS` are
+    left out until it fits; without it, every field with 4 significant digits.
+    """
     parts = []
     for key, label in CONSOLE_KEYS.items():
         if key in metrics:
             value = metrics[key]
-            parts.append(f"{label} {value:.4g}" if isinstance(value, float) else f"{label} {value}")
+            if isinstance(value, float):
+                value = _compact(value) if width is not None else f"{value:.4g}"
+            parts.append(f"{label} {value}")
+    while width is not None and len(parts) > 1 and len("  ".join(parts)) > width:
+        parts.pop()
     return "  ".join(parts)
+
+
+def _compact(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def _tensorboard_writer(run_dir: Path) -> Any:
