@@ -197,15 +197,28 @@ def test_sampled_validation_leaves_the_training_losses_bit_identical(tmp_path: P
 
 
 @pytest.mark.slow  # two CLI processes, one of them 2 gloo ranks (~40 s idle)
-def test_validation_over_two_ranks_reduces_to_the_one_rank_metrics(graft_train, metrics_of,
-                                                                    tmp_path: Path) -> None:
-    held_out = write_pattern_val(tmp_path / "val.jsonl", 3)  # ranks get 2 and 1 prompts
+def test_validation_over_two_ranks_counts_every_ranks_prompts(graft_train, tmp_path: Path) -> None:
+    prompts = [f"say {'ab'[i % 2] * (i + 1)}:" for i in range(3)]  # ranks get 2 and 1 of them
     args = ("model.preset=tiny-llama", "rollout.prompts_per_step=2", "rollout.n=2",
-            "trainer.total_steps=1", f"data.val_path={held_out}", "data.val_answer_key=answer",
-            "val.n=2", *QUIET[:3])
-    graft_train(tmp_path / "one", *args)
-    graft_train(tmp_path / "two", *args, nproc=2)
-    one, two = metrics_of(tmp_path / "one")[0], metrics_of(tmp_path / "two")[0]
-    assert one["step"] == two["step"] == 0
-    for key in ("val/reward_mean", "val/pass@2", "val/response_length"):
-        assert two[key] == pytest.approx(one[key], abs=1e-9), key
+            "trainer.total_steps=1", "data.val_answer_key=answer", "val.n=2",
+            "trainer.log_samples=3", "algorithm.reward=exact_match", *QUIET[:3])
+
+    def held_out(name: str, answers: list[str]) -> Path:
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n"
+                                for p, a in zip(prompts, answers, strict=True)))
+        return path
+
+    graft_train(tmp_path / "one", *args, f"data.val_path={held_out('a.jsonl', ['?'] * 3)}")
+    greedy = [r["response"] for r in read_samples(tmp_path / "one") if r["split"] == "val"]
+    # only the prompt rank 1 validates is answered as the model answers it
+    right = held_out("b.jsonl", ["never said", greedy[1], "never said"])
+    graft_train(tmp_path / "two", *args, f"data.val_path={right}", nproc=2)
+    first = json.loads((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0
+    assert first["val/reward_mean"] == pytest.approx(1 / 3) and first["val/pass@2"] == \
+        pytest.approx(1 / 3)
+
+
+def read_samples(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]

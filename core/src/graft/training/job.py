@@ -13,7 +13,9 @@ class TrainingJob(Protocol):
 
     The trainer builds the engine, calls `attach` once (after a resume), then `step` every
     step, `state_dict`/`load_state_dict` for checkpoints, and `close` at the end (also after an
-    error).
+    error). A job may also have ``after_step(engine, *, step, total_steps) -> dict``, called on
+    every rank before the first step (``step`` 0) and after each step; its metrics join that
+    step's record (RL: validation and the samples log, `graft.rl.job.RLJob.after_step`).
     """
 
     def attach(self, engine: TrainEngine, run_dir: Path) -> None:
