@@ -13,8 +13,8 @@ packed rows of at most 2048 tokens; graphs-rows = static-cudagraphs plus those r
 = static plus FlexAttention for packed rows; every variant but default pins the settings
 `auto` would choose), then an SFT step through the last variant's engine on samples of the RL
 batch's lengths. The first step (warm-up) is left out of the averages; each row reports its
-``time_to_first_step_s`` (from the start of the process: only the first variant's is a fresh
-start). ``--cold-warm`` runs the default twice more, each in a fresh process with one step: with
+``time_to_first_step_s`` (from the start of the process for the first variant, of its run for
+the others). ``--cold-warm`` runs the default twice more, each in a fresh process with one step: with
 an empty torch.compile cache folder, then with the folder the first filled.
 
     python3 bench/rl_throughput.py --out $OUT/rl_throughput.json          # the defaults

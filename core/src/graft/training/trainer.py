@@ -27,7 +27,7 @@ from graft.training.metrics import MetricsLog, peak_memory_gib, print_summary
 from graft.training.optim import build_optimizer, build_scheduler
 from graft.training.run_dir import config_text, resolve_run_dir, truncate_metrics, write_config
 from graft.training.samples import show, truncate_samples
-from graft.training.timing import process_age_s
+from graft.training.timing import RunClock
 
 logger = logging.getLogger("graft.train")
 
@@ -53,6 +53,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: Any) -> None:
+        self.clock = RunClock()  # for time_to_first_step_s
         self.manager = get_plugin_manager()
         self.env = init_distributed(device_preference=cfg.engine.device,
                                     ep_size=cfg.engine.ep_size)
@@ -144,12 +145,13 @@ class Trainer:
         return metrics
 
     def _first_step_metrics(self) -> dict[str, Any]:
-        """``time_to_first_step_s`` (from this process's start to the end of its first step,
-        said on the console on rank 0) and torch.compile's cache hits and misses so far."""
+        """``time_to_first_step_s`` (from the process's start, or this run's when it is not the
+        process's first, to the end of its first step; said on the console on rank 0) and
+        torch.compile's cache hits and misses so far."""
         self._first_step_done = True
-        seconds = process_age_s()
+        seconds = self.clock.seconds()
         if self.env.is_main:
-            show(f"time to first step: {seconds:.1f} s (from the start of the process; "
+            show(f"time to first step: {seconds:.1f} s (from {self.clock.origin}; "
                  f"compile cache {self.compile_cache_dir})")
         return {"time_to_first_step_s": seconds, **self.cache_counters.metrics()}
 
