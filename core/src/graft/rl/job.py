@@ -33,7 +33,8 @@ from graft.rl.kl import kl_penalty
 from graft.rl.rewards import RewardScorer
 from graft.rl.validation import Validator, validation_due
 from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
-from graft.training.samples import SampleLog, format_sample, sample_records, show
+from graft.training.metrics import console_print
+from graft.training.samples import SampleLog, format_sample, sample_records
 
 MISMATCH = "train_infer_logprob_diff"
 
@@ -151,12 +152,12 @@ class RLJob:
             records = records + self._sample_records("val", result.samples, result.prompt_ids,
                                                      result.responses, result.rewards)
             if self.env.is_main:
-                show(f"validation (step {step}): " + "  ".join(
+                console_print(f"validation (step {step}): " + "  ".join(
                     f"{key.removeprefix('val/')} {value:.4g}" for key, value in metrics.items()))
         self.sample_log.write(step, records)
         shown = self.cfg.trainer.print_sample_every_steps
         if records and self.env.is_main and shown and step % shown == 0:
-            show(format_sample(step, records[0]))
+            console_print(format_sample(step, records[0]))
         return metrics
 
     def _sample_records(self, split: str, samples: Sequence[Any], prompt_ids: list[list[int]],

@@ -72,11 +72,6 @@ def _short(text: str) -> str:
     return text if len(text) <= CONSOLE_CHARS else text[:CONSOLE_CHARS] + " ..."
 
 
-def show(text: str) -> None:
-    """Print ``text`` on the console (above the live progress bar in a terminal)."""
-    print(text, flush=True)
-
-
 def format_sample(step: int, record: dict[str, Any]) -> str:
     """The console's view of a record: a header line, then the prompt and the response."""
     truth = f"  ground truth {record['ground_truth']!r}" if record.get("ground_truth") else ""

@@ -23,10 +23,10 @@ from graft.output_dirs import check_output_dir
 from graft.plugins import get_plugin_manager
 from graft.training.compile_cache import CacheCounters, use_compile_cache
 from graft.training.job import TrainingJob, build_job
-from graft.training.metrics import MetricsLog, peak_memory_gib, print_summary
+from graft.training.metrics import MetricsLog, console_print, peak_memory_gib, print_summary
 from graft.training.optim import build_optimizer, build_scheduler
 from graft.training.run_dir import config_text, resolve_run_dir, truncate_metrics, write_config
-from graft.training.samples import show, truncate_samples
+from graft.training.samples import truncate_samples
 from graft.training.timing import RunClock
 
 logger = logging.getLogger("graft.train")
@@ -151,7 +151,7 @@ class Trainer:
         self._first_step_done = True
         seconds = self.clock.seconds()
         if self.env.is_main:
-            show(f"time to first step: {seconds:.1f} s (from {self.clock.origin}; "
+            console_print(f"time to first step: {seconds:.1f} s (from {self.clock.origin}; "
                  f"compile cache {self.compile_cache_dir})")
         return {"time_to_first_step_s": seconds, **self.cache_counters.metrics()}
 
