@@ -12,7 +12,8 @@ The prompts are split over the data-parallel ranks (a rank without one generates
 prompt whose result is dropped: its generation's collectives pair with the other ranks'). The
 generation runs under a forked RNG seeded from ``trainer.seed`` and the step, so sampling at
 ``val.temperature`` > 0 is reproducible and training draws the same random numbers as a run
-without validation.
+without validation. Validation's generation calls no rollout hooks (``graft_rollout_begin`` /
+``graft_rollout_end`` see training's rollouts only).
 """
 
 from __future__ import annotations
