@@ -14,6 +14,7 @@ from graft.config.schema import (
     OptimConfig,
     RolloutConfig,
     TrainerConfig,
+    ValConfig,
     choice,
 )
 
@@ -30,6 +31,7 @@ __all__ = [
     "Range",
     "RolloutConfig",
     "TrainerConfig",
+    "ValConfig",
     "bounded",
     "choice",
     "compose",
