@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -50,6 +50,17 @@ def plugin_sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         _pip("install", "--no-deps", "--no-index", "--target", root / site, *files)
         sites[site] = root / site
     return sites
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Runs keep their torch.compile caches under ``$XDG_CACHE_HOME/graft`` (the user's cache):
+    tests, and the runs they start, use a folder of the session's instead (one for all, so a
+    test after another finds its compiled graphs)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        patch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
