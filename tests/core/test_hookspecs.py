@@ -47,6 +47,8 @@ def test_hook_specs_are_the_design_table() -> None:
         "graft_post_forward",
         # added so the static decode's copy computes what the policy computes (QAT)
         "graft_inference_copy",
+        # added so `auto` settings keep a plugin's needs (R3 decodes with the hooked model)
+        "graft_auto_settings",
     }
 
 

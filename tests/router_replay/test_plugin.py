@@ -115,3 +115,13 @@ def test_r3_with_an_engine_that_cannot_record_routes_is_a_config_error(fit, graf
     with pytest.raises(ConfigError, match="the scripted engine cannot provide it: .* Use "
                                           "rollout.engine=embedded"):
         fit(tmp_path, *RL, "rollout.engine=scripted", "features.router_replay.mode=R3")
+
+
+def test_r3_leaves_auto_decode_on_the_hooked_model_where_auto_would_pick_the_static_copy() -> None:
+    from graft.config.auto import resolve_auto
+
+    on_gpu, chosen = resolve_auto(compose(["features.router_replay.mode=R3"]), "cuda")
+    assert on_gpu.rollout.decode == "dynamic"
+    assert "rollout.decode: auto (dynamic, for the plugin router_replay)" in map(str, chosen)
+    r2, _ = resolve_auto(compose(["features.router_replay.mode=R2"]), "cuda")
+    assert r2.rollout.decode == "static"  # R2 records in the trainer's pass: the copy is fine

@@ -57,6 +57,23 @@ def graft_config_sections() -> list[tuple[str, type]]:
 
 
 @hookspec
+def graft_auto_settings(cfg: Any, device_type: str) -> dict[str, Any] | None:
+    """Pin settings the user left to `auto` to the value this plugin needs (`graft.config.auto`).
+
+    When: once per run, where the device is known (the trainer's start, after the process group
+    is up), before anything is built from the config. Who: any plugin; every rank. ``cfg`` is the
+    composed config with its `auto` settings unresolved (``rollout.decode: auto``,
+    ``engine.max_tokens_per_row: null``...); ``device_type`` is ``cuda`` or ``cpu``.
+
+    Return ``{dotted key: value}`` for settings still at `auto` that this plugin cannot run with
+    the device's fast choice (routing replay R3 needs ``rollout.decode=dynamic``: it hooks the
+    generating model), or None. Keys the user set explicitly are never changed (the plugin's
+    config checks report a conflict there). Two plugins pinning one key to different values is
+    a `ConfigError` naming both. Must not mutate ``cfg``. Not ``firstresult``.
+    """
+
+
+@hookspec
 def graft_model_families() -> list[Any]:
     """Declare model families (keyed by Hugging Face ``model_type``) this plugin provides.
 

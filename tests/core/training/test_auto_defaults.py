@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import graft
+from graft import hookimpl
 from graft.config import compose
 from graft.config.auto import resolve_auto
+from graft.errors import ConfigError
 
 OLD_CPU_VALUES = ("rollout.decode=dynamic", "engine.max_tokens_per_row=0", "engine.compile=false")
 COMPARED = ("loss", "grad_norm", "reward_mean", "entropy", "train_infer_logprob_diff", "tokens")
@@ -60,3 +64,45 @@ def test_default_cpu_run_matches_the_old_values_bit_for_bit(tmp_path: Path) -> N
     # config.yaml keeps the settings as written: it composes back to the same config
     again = compose(config_files=[tmp_path / "auto" / "config.yaml"])
     assert (again.rollout.decode, again.engine.max_tokens_per_row) == ("auto", None)
+
+
+def test_hook_graft_auto_settings_pins_what_a_plugin_needs(graft_plugin) -> None:
+    class NeedsTheHookedModel:
+        @hookimpl
+        def graft_auto_settings(self, cfg, device_type):
+            return {"rollout.decode": "dynamic"} if device_type == "cuda" else None
+
+    graft_plugin(NeedsTheHookedModel(), name="needs-dynamic")
+    on_gpu, chosen = resolve_auto(compose(), "cuda")
+    assert on_gpu.rollout.decode == "dynamic" and on_gpu.engine.max_tokens_per_row == 2048
+    assert "rollout.decode: auto (dynamic, for the plugin needs-dynamic)" in map(str, chosen)
+    explicit, _ = resolve_auto(compose(["rollout.decode=static"]), "cuda")
+    assert explicit.rollout.decode == "static"  # a value the user wrote is never changed
+
+
+def test_two_plugins_pinning_one_setting_differently_is_a_config_error(graft_plugin) -> None:
+    class Static:
+        @hookimpl
+        def graft_auto_settings(self):
+            return {"rollout.decode": "static"}
+
+    class Dynamic:
+        @hookimpl
+        def graft_auto_settings(self):
+            return {"rollout.decode": "dynamic"}
+
+    graft_plugin(Static(), name="wants-static")
+    graft_plugin(Dynamic(), name="wants-dynamic")
+    with pytest.raises(ConfigError, match="'wants-static' and 'wants-dynamic' need rollout.decode"):
+        resolve_auto(compose(), "cuda")
+
+
+def test_a_pin_of_a_setting_that_is_not_auto_is_a_config_error(graft_plugin) -> None:
+    class Typo:
+        @hookimpl
+        def graft_auto_settings(self):
+            return {"rollout.decoder": "dynamic"}
+
+    graft_plugin(Typo(), name="typo")
+    with pytest.raises(ConfigError, match="pins 'rollout.decoder', which is no auto setting"):
+        resolve_auto(compose(), "cuda")

@@ -20,6 +20,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from graft.errors import ConfigError
+from graft.plugins import GraftPluginManager, get_plugin_manager
+
 AUTO = "auto"
 
 # setting -> (value on CUDA, value elsewhere)
@@ -32,15 +35,18 @@ CHOICES: dict[str, tuple[Any, Any]] = {
 
 @dataclass(frozen=True)
 class AutoChoice:
-    """One setting left to `auto` and the value it got on ``device``."""
+    """One setting left to `auto` and the value it got on ``device`` (``pinned_by``: the plugin
+    whose `graft_auto_settings` chose it instead of the device's default)."""
 
     key: str
     value: Any
     device: str
+    pinned_by: str | None = None
 
     def __str__(self) -> str:
         shown = str(self.value).lower() if isinstance(self.value, bool) else self.value
-        return f"{self.key}: auto ({shown})"
+        by = f", for the plugin {self.pinned_by}" if self.pinned_by else ""
+        return f"{self.key}: auto ({shown}{by})"
 
 
 def is_auto(value: Any) -> bool:
@@ -49,17 +55,43 @@ def is_auto(value: Any) -> bool:
     return value is None or value == AUTO
 
 
-def resolve_auto(cfg: Any, device_type: str) -> tuple[Any, list[AutoChoice]]:
+def resolve_auto(cfg: Any, device_type: str,
+                 manager: GraftPluginManager | None = None) -> tuple[Any, list[AutoChoice]]:
     """``cfg`` with every `auto` setting of `CHOICES` replaced by its value for ``device_type``
-    (``cuda``, ``cpu``...), and the choices made (the settings given explicitly are kept)."""
+    (``cuda``, ``cpu``...), or by the value a plugin pins (`graft_auto_settings`), and the
+    choices made (the settings given explicitly are kept)."""
+    pins = plugin_pins(cfg, device_type, manager or get_plugin_manager())
     chosen = []
     for key, (on_cuda, elsewhere) in CHOICES.items():
         section, name = key.split(".")
         if is_auto(getattr(getattr(cfg, section), name)):
-            value = on_cuda if device_type == "cuda" else elsewhere
+            plugin, value = pins.get(key, (None, on_cuda if device_type == "cuda" else elsewhere))
             cfg = _replace(cfg, section, name, value)
-            chosen.append(AutoChoice(key, value, device_type))
+            chosen.append(AutoChoice(key, value, device_type, pinned_by=plugin))
     return cfg, chosen
+
+
+def plugin_pins(cfg: Any, device_type: str,
+                manager: GraftPluginManager) -> dict[str, tuple[str, Any]]:
+    """``{key: (plugin, value)}`` from every plugin's `graft_auto_settings`; a key that is no
+    `auto` setting, or two plugins pinning one key to different values, is a `ConfigError`."""
+    pins: dict[str, tuple[str, Any]] = {}
+    hook = manager.hook.graft_auto_settings
+    for impl in hook.get_hookimpls():
+        # one implementation at a time, through pluggy (traced), so a pin names its plugin
+        others = [i.plugin for i in hook.get_hookimpls() if i is not impl]
+        results = manager.pm.subset_hook_caller(hook.name, remove_plugins=others)(
+            cfg=cfg, device_type=device_type)
+        settings = (results[0] if results else None) or {}
+        for key, value in settings.items():
+            if key not in CHOICES:
+                raise ConfigError(f"plugin {impl.plugin_name!r}: graft_auto_settings pins {key!r}, "
+                                  f"which is no auto setting (those are {', '.join(CHOICES)})")
+            if key in pins and pins[key][1] != value:
+                raise ConfigError(f"plugins {pins[key][0]!r} and {impl.plugin_name!r} need {key} "
+                                  f"= {pins[key][1]!r} and {value!r}; set {key} explicitly")
+            pins[key] = (impl.plugin_name, value)
+    return pins
 
 
 def _replace(cfg: Any, section: str, name: str, value: Any) -> Any:

@@ -7,13 +7,28 @@ from __future__ import annotations
 from typing import Any
 
 from graft import hookimpl
-from graft_router_replay.config import DISABLED, RouterReplayConfig, replay_mode, run_conflict
+from graft_router_replay.config import (
+    DISABLED,
+    R3,
+    RouterReplayConfig,
+    replay_mode,
+    run_conflict,
+)
 
 
 @hookimpl
 def graft_config_sections() -> list[tuple[str, type]]:
     """``features.router_replay`` (``mode``: disabled, R2, R3)."""
     return [("router_replay", RouterReplayConfig)]
+
+
+@hookimpl
+def graft_auto_settings(cfg: Any) -> dict[str, Any] | None:
+    """R3 with the embedded engine records routing on the generating model: ``rollout.decode``
+    left to `auto` decodes with it (``dynamic``) instead of the static copy."""
+    if replay_mode(cfg) == R3 and cfg.rollout.engine == "embedded":
+        return {"rollout.decode": "dynamic"}
+    return None
 
 
 @hookimpl
