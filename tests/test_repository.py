@@ -1,4 +1,4 @@
-"""Repository contracts: CI runs the README's commands; files stay small."""
+"""Repository contracts: CI runs the README's commands (both legs); files stay small."""
 
 from __future__ import annotations
 
@@ -6,24 +6,53 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+VLLM_REQUIRED = "export GRAFT_REQUIRE_VLLM=1"
+VLLM_OPTIONAL = "unset GRAFT_REQUIRE_VLLM"
 
 
 def readme_commands() -> list[str]:
+    """The Quick start's commands: install and run, the tests, the tests on the newest
+    transformers."""
     blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    return [block.strip() for block in blocks[:2]]
+    return [block.strip() for block in blocks[:3]]
+
+
+def code_lines(text: str) -> list[str]:
+    """Lines without their comments, blank ones dropped."""
+    return [code for line in text.splitlines() if (code := line.split("#")[0].strip())]
+
+
+def requirements(name: str) -> list[str]:
+    return code_lines((REPO / name).read_text())
 
 
 def test_ci_runs_the_readme_commands() -> None:
-    install_and_run, run_tests = readme_commands()
-    ci_lines = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
-    assert install_and_run in ci_lines
-    assert run_tests in ci_lines
-    assert ci_lines.index(install_and_run) < ci_lines.index(run_tests)
+    install_and_run, run_tests, newest = readme_commands()
+    ci_lines = code_lines((REPO / ".ci" / "run").read_text())
+    for command in (install_and_run, run_tests, newest):
+        assert command in ci_lines, f".ci/run does not run the README command {command!r}"
+    # leg one: vLLM's tests must run (not skip); leg two has no vLLM, so they must skip there
+    order = [ci_lines.index(line) for line in (install_and_run, VLLM_REQUIRED, run_tests,
+                                               VLLM_OPTIONAL, newest)]
+    assert order == sorted(order), ci_lines
+    assert "requirements-newest.txt" in newest and "pytest" in newest
+
+
+def test_the_newest_leg_installs_the_development_install_without_vllm() -> None:
+    dev = [line for line in requirements("requirements-dev.txt") if not line.startswith("vllm")]
+    newest = requirements("requirements-newest.txt")
+    (pin,) = [line for line in newest if line.startswith("transformers")]
+    assert [line for line in newest if line != pin] == dev, (
+        "requirements-newest.txt must list every line of requirements-dev.txt except vLLM's")
+    version = re.fullmatch(r"transformers==(\d+\.\d+)\.\*", pin)
+    assert version, f"pin one transformers release line (transformers==X.Y.*), not {pin!r}"
+    quick_start = (REPO / "README.md").read_text().split("## Quick start")[1].split("\n## ")[0]
+    assert f"transformers {version[1]}" in quick_start, "the README must say it is tested"
 
 
 def test_python_files_stay_small() -> None:
     for path in REPO.glob("**/*.py"):
-        if ".venv" in path.parts or "build" in path.parts:
+        if any(part.startswith(".venv") for part in path.parts) or "build" in path.parts:
             continue
         lines = len(path.read_text().splitlines())
         assert lines <= 450, f"{path.relative_to(REPO)} has {lines} lines; split it by concept"

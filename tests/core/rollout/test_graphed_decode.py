@@ -3,6 +3,7 @@ step it replays from a CUDA graph on a GPU, run eagerly."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,14 @@ def test_graft_train_with_the_graphed_loop_matches_its_own_log_probs(graft_train
     metrics = metrics_of(tmp_path)
     assert len(metrics) == 2
     assert all(m["train_infer_logprob_diff"] < 1e-5 for m in metrics)
+
+
+def test_the_loop_passes_its_cache_by_the_installed_transformers_keyword() -> None:
+    # transformers 5.24 renamed forward's past_key_values to cache (the old name warns until
+    # 5.40, then fails): the loop must use whichever the model takes, with no warning
+    model = tiny_llama("sdpa")
+    decoder = GraphedDecoder(model, pad_token_id=PAD, eos_token_id=None, use_graphs=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        tokens, _ = decoder.generate(*left_pad([[5, 6, 7]]), SamplingSpec(1.0, 1.0, 4))
+    assert tokens.shape == (1, 4)

@@ -20,6 +20,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from graft.engine.dtype_units import shard_other_dtypes
 from graft.engine.parallel_dims import EP, ParallelMeshes
 from graft.errors import ConfigError, PluginError
 from graft.models.family import ModelFamily
@@ -33,8 +34,19 @@ logger = logging.getLogger("graft.engine")
 
 
 def apply_activation_checkpointing(model: torch.nn.Module) -> None:
-    """Non-reentrant activation checkpointing of every decoder block (transformers' own wrapper)."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    """Non-reentrant activation checkpointing of every decoder block (transformers' own wrapper).
+
+    transformers 5.23 renamed ``gradient_checkpointing_enable`` to
+    ``activation_checkpointing_enable`` (the old name warns until v6) and moved the checkpoint
+    from the layer's ``__call__`` into its ``forward``: module hooks (FSDP2's, a plugin's) stay
+    outside the checkpoint, and a compiled block (`apply_compile`) compiles the checkpoint with
+    it. Either way the backward recomputes each block from its inputs.
+    """
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:  # transformers >= 5.23
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     logger.debug("applied activation checkpointing to the decoder blocks")
 
 
@@ -66,19 +78,36 @@ def apply_fsdp(model: torch.nn.Module, blocks: Sequence[torch.nn.Module], mesh: 
     ``expert_modules`` are experts already split over ``ep`` whose forward reads its weights
     through `graft.engine.expert_parallel.local_expert_weight` (`apply_expert_parallel` does):
     that makes their gradients the data-parallel average FSDP2 gives every other parameter,
-    although FSDP2 averages them over ``efsdp`` only.
+    although FSDP2 averages them over ``efsdp`` only. Each unit is sharded by `shard_unit`: a
+    submodule keeping its parameters in another dtype than its unit gets a unit of its own.
     """
     if expert_modules and expert_mesh is None:
         raise ValueError("apply_fsdp: expert_modules need expert_mesh (meshes['efsdp'])")
     for experts in expert_modules:
-        fully_shard(experts, mesh=expert_mesh, mp_policy=mp_policy,
-                    reshard_after_forward=reshard_after_forward)
+        shard_unit(experts, mesh=expert_mesh, mp_policy=mp_policy,
+                   reshard_after_forward=reshard_after_forward)
     for block in blocks:
-        fully_shard(block, mesh=mesh, mp_policy=mp_policy,
-                    reshard_after_forward=reshard_after_forward)
+        shard_unit(block, mesh=mesh, mp_policy=mp_policy,
+                   reshard_after_forward=reshard_after_forward)
     # The root's parameters (embeddings, final norm, head) are needed again right at the start
     # of backward, so they stay unsharded after forward.
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
+    shard_unit(model, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=False)
+
+
+def shard_unit(module: torch.nn.Module, *, mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy,
+               reshard_after_forward: bool) -> None:
+    """``fully_shard(module)`` as one unit, after giving each of its submodules that keeps its
+    parameters in another dtype (an fp32 router in a bf16 model) a unit of its own that
+    computes in that dtype (`graft.engine.dtype_units`); submodules already sharded stay
+    theirs."""
+    def shard(part: torch.nn.Module, policy: MixedPrecisionPolicy) -> None:
+        fully_shard(part, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+
+    split = shard_other_dtypes(module, shard, mp_policy)
+    if split:
+        logger.debug("%s: %d submodule(s) in another dtype sharded as their own units",
+                     type(module).__name__, len(split))
+    fully_shard(module, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
 
 
 # Models whose graft_pre_shard hook ran; weak, so a dropped model is forgotten.
@@ -143,8 +172,8 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
     if not empty:
         model.to(device)
     custom = family.parallelize or parallelize_standard
-    result = call_with_keywords(custom, model=model, family=family, cfg=cfg, mesh=mesh,
-                                device=device, role=role, meshes=meshes)
+    result = call_with_keywords(custom, model, family, cfg=cfg, mesh=mesh, device=device,
+                                role=role, meshes=meshes)
     if empty:
         materialize(result, device)
     if model not in _PRE_SHARDED:

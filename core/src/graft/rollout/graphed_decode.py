@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 import torch
 
 from graft.engine.logprobs import token_logprobs
+from graft.models.kv_cache import cache_keyword
 from graft.rollout.decode_attention import use_grouped_query_attention
 from graft.rollout.types import SamplingSpec
 
@@ -105,6 +106,7 @@ class GraphedDecoder:
         self.check_every = check_every
         self.min_batch = min_batch
         self.boolean_mask = model.config._attn_implementation == "sdpa"
+        self._cache_keyword = cache_keyword(model)  # ``cache`` from transformers 5.24 on
         if self.boolean_mask:
             use_grouped_query_attention(model)
         self.batch_sizes: list[int] = []  # the batch sizes the last `generate` decoded at
@@ -270,8 +272,8 @@ class GraphedDecoder:
             attend = attend[..., :prompt_length]
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=self._mask(attend[:, None]),
-                         position_ids=positions, past_key_values=state.cache, use_cache=True,
-                         logits_to_keep=1)
+                         position_ids=positions, use_cache=True, logits_to_keep=1,
+                         **{self._cache_keyword: state.cache})
         state.positions.copy_(positions[:, -1:] + 1)
         state.slot.fill_(prompt_length)
         return out.logits[:, -1]
@@ -282,8 +284,8 @@ class GraphedDecoder:
         state.key_valid.index_fill_(1, state.slot, True)
         out = self.model(input_ids=state.tokens,
                          attention_mask=self._mask(state.key_valid[:, None, None, :attended]),
-                         position_ids=state.positions, past_key_values=state.cache,
-                         use_cache=True)
+                         position_ids=state.positions, use_cache=True,
+                         **{self._cache_keyword: state.cache})
         state.slot.add_(1)
         state.positions.add_(1)
         return out.logits[:, -1]
