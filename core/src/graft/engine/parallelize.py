@@ -172,8 +172,8 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
     if not empty:
         model.to(device)
     custom = family.parallelize or parallelize_standard
-    result = call_with_keywords(custom, model, family, cfg=cfg, mesh=mesh, device=device,
-                                role=role, meshes=meshes)
+    result = call_with_keywords(custom, model=model, family=family, cfg=cfg, mesh=mesh,
+                                device=device, role=role, meshes=meshes)
     if empty:
         materialize(result, device)
     if model not in _PRE_SHARDED:
