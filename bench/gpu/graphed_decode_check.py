@@ -123,11 +123,11 @@ def step_kernels(decoder: GraphedDecoder, state, top: int = 20) -> dict:
 
     attended = max(state.graphs)
     decoder._reset(state)
-    decoder._run_step(state, attended)  # warm
+    decoder._step(state, attended)  # warm
     decoder._reset(state)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        decoder._run_step(state, attended)
+        decoder._step(state, attended)
         torch.cuda.synchronize()
     decoder._reset(state)
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])

@@ -59,6 +59,11 @@ def test_log_probs_are_the_models_own_for_every_left_padded_row(attention: str) 
     assert_own_log_probs(model, prompts, tokens, logprobs, 0.8)
     if attention == "sdpa":  # decode steps attend with grouped queries
         assert model.config._attn_implementation == "graft_grouped_query_decode"
+        # a second decoder over the switched model keeps them (it fell back to additive masks
+        # over the whole cache and transformers' per-head key copies: 5.7x slower on an H200)
+        assert decodes_with_graphs(model)
+        again = GraphedDecoder(model, pad_token_id=PAD, eos_token_id=None, use_graphs=False)
+        assert again.boolean_mask and again._attended_lengths(320) == [64, 128, 192, 256, 320]
 
 
 def test_finished_rows_leave_the_batch_and_the_others_keep_their_own_log_probs() -> None:
@@ -85,7 +90,8 @@ def test_finished_rows_leave_the_batch_and_the_others_keep_their_own_log_probs()
 def test_the_fused_step_samples_what_the_eager_step_does_as_the_batch_shrinks() -> None:
     """bf16, where fusing without emulate_precision_casts would round differently (on CPU too):
     the compiled step gives the eager step's tokens and log-probs bit for bit, from one
-    (dynamic-shape) compilation for every batch size and attended length."""
+    (dynamic-shape) compiled block graph for every decoder block, batch size and attended
+    length (`graft.rollout.regional_compile`: each block's cache write goes to its own layer)."""
     from torch._dynamo.utils import counters
 
     model = tiny_llama("sdpa", vocab_size=48).to(torch.bfloat16)

@@ -250,8 +250,9 @@ class RolloutConfig:
     decode_compile: str = choice("cudagraphs", ("cudagraphs", "inductor", "none"))
     # cudagraphs, on GPU: compile the step with inductor before capturing it, rounding wherever
     # the eager ops round (emulate_precision_casts); GEMMs and attention stay the eager kernels.
-    # 1.7x the rollout tokens/s of the eager kernels on an H200 (bench/README.md), but the first
-    # rollout compiles (about 190 s for a 1.1B model there). false: capture the eager kernels.
+    # 1.7x the rollout tokens/s of the eager kernels on an H200 (bench/README.md). One graph for
+    # every decoder block (graft.rollout.regional_compile): the first step of a 1.1B model began
+    # 39 s after the process started there, compile included. false: capture the eager kernels.
     decode_fuse_kernels: bool = True
     # vLLM only: fraction of GPU memory for weights and KV cache; context length.
     gpu_memory_utilization: float = bounded(0.3, gt=0.0, le=1.0)

@@ -11,10 +11,11 @@ numerics.
 
 A graph still runs every kernel the step launches: eagerly, a Llama layer is some forty (each
 RMSNorm six, rotary a dozen), and at small batches their launches, not the weights, set a step's
-time. With ``fuse_kernels`` the step is compiled by inductor first (`compile_decode_step`), with
-``emulate_precision_casts``: a fused kernel rounds to the compute dtype wherever the eager ops
-would have, so the elementwise chains become a few kernels without changing their rounding; the
-GEMMs and the attention stay the eager (aten) kernels. Reductions inside fused kernels (the
+time. With ``fuse_kernels`` each decoder block's decode step is compiled by inductor first, one
+graph for every block (`graft.rollout.regional_compile`: compiling the step whole took minutes),
+with ``emulate_precision_casts``: a fused kernel rounds to the compute dtype wherever the eager
+ops would have, so the elementwise chains become a few kernels without changing their rounding;
+the GEMMs and the attention stay the eager (aten) kernels. Reductions inside fused kernels (the
 RMSNorm mean) may still sum in another order.
 
 The step's inputs live in fixed tensors the graph reads (the last tokens, their positions, which
@@ -46,14 +47,16 @@ again; a rollout of another length lets them go, and their memory pool.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from graft.engine.logprobs import token_logprobs
+from graft.models.family import standard_decoder_blocks
 from graft.models.kv_cache import cache_keyword
-from graft.rollout.decode_attention import use_grouped_query_attention
+from graft.rollout.decode_attention import GROUPED_ATTENTION, use_grouped_query_attention
+from graft.rollout.regional_compile import compile_decoder_blocks
 from graft.rollout.types import SamplingSpec
 
 CACHE_LENGTH_MULTIPLE = 64  # cache lengths round up to this, so nearby prompt lengths share a graph
@@ -61,7 +64,7 @@ ATTENDED_LENGTHS = 8  # at most this many attended lengths (graphs) per batch si
 BATCH_SIZE_STEPS = 8  # a batch shrinks in steps of about 1/8 of where it started
 # The attention implementations this loop hands a ready 4-D mask to: SDPA takes a boolean one
 # (True: attend; the loop's own grouped-query attention too), eager an additive one.
-MASKS = ("sdpa", "eager")
+MASKS = ("sdpa", GROUPED_ATTENTION, "eager")
 
 
 def decodes_with_graphs(model: torch.nn.Module) -> bool:
@@ -98,20 +101,27 @@ class GraphedDecoder:
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_id: int | None,
                  use_graphs: bool, fuse_kernels: bool = False, check_every: int = 16,
-                 min_batch: int = 8) -> None:
+                 min_batch: int = 8,
+                 decoder_blocks: Sequence[torch.nn.Module] | None = None) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
         self.use_graphs = use_graphs
         self.check_every = check_every
         self.min_batch = min_batch
-        self.boolean_mask = model.config._attn_implementation == "sdpa"
+        # (a model another decoder switched to the grouped-query attention takes it as well)
+        self.boolean_mask = model.config._attn_implementation in ("sdpa", GROUPED_ATTENTION)
         self._cache_keyword = cache_keyword(model)  # ``cache`` from transformers 5.24 on
         if self.boolean_mask:
             use_grouped_query_attention(model)
+        # One cache slot past the last attended length, never attended: the attended keys are
+        # then never the whole cache, whose contiguous view would be another compiled graph
+        # (`fuse_kernels`) than the shorter, strided ones.
+        self._spare_cache_slots = 1 if self.boolean_mask else 0
         self.batch_sizes: list[int] = []  # the batch sizes the last `generate` decoded at
-        # compiled on the first step (the first graph's warm-up on GPU)
-        self._run_step = compile_decode_step(self._step) if fuse_kernels else self._step
+        if fuse_kernels:  # compiled on the first step (the first graph's warm-up on GPU)
+            compile_decoder_blocks(decoder_blocks or standard_decoder_blocks(model),
+                                   options={"emulate_precision_casts": True})
         self._states: dict[tuple[int, int], _DecodeState] = {}
         self._graph_pool = None  # one memory pool for all graphs: they never run at once
 
@@ -228,21 +238,31 @@ class GraphedDecoder:
             self._keep_states_of_length(length)
             host = max((k for k in self._states if k[0] > batch), default=None)
             state = _DecodeState(
-                cache=StaticCache(config=self.model.config, max_cache_len=length),
+                cache=StaticCache(config=self.model.config,
+                                  max_cache_len=length + self._spare_cache_slots),
                 tokens=torch.full((batch, 1), self.pad_token_id, dtype=torch.long, device=device),
                 positions=torch.zeros((batch, 1), dtype=torch.long, device=device),
                 slot=torch.zeros(1, dtype=torch.long, device=device),
                 key_valid=torch.zeros((batch, length), dtype=torch.bool, device=device))
             if host is not None:
                 _share_rows(state.cache, self._states[host].cache, batch)
+            else:
+                self._allocate(state, length)
             if self.use_graphs and device.type == "cuda":
                 for attended in self._attended_lengths(length):
                     self._capture(state, attended)
-            else:  # allocate the cache now (transformers does on first use): compaction copies in
-                self._step(state, length)
-                self._reset(state)
             self._states[key] = state
         return self._states[key]
+
+    def _allocate(self, state: _DecodeState, length: int) -> None:
+        """Allocate the state's cache now (transformers allocates a static layer on its first
+        write; compaction copies into it) with one eager step, and make each layer's keys and
+        values whole-size views: the form the smaller batches' caches have (`_share_rows`), so
+        one compiled block graph (`compile_decoder_blocks`) serves every batch."""
+        self._step(state, length)
+        self._reset(state)
+        for layer in state.cache.layers:
+            layer.keys, layer.values = layer.keys[:], layer.values[:]
 
     def _keep_states_of_length(self, length: int) -> None:
         """Let the states (caches, graphs) of other cache lengths go: their memory is batch x
@@ -278,12 +298,14 @@ class GraphedDecoder:
         state.slot.fill_(prompt_length)
         return out.logits[:, -1]
 
+    @torch.no_grad()  # its cache views were made without grad: a step must write them so too
     def _step(self, state: _DecodeState, attended: int) -> torch.Tensor:
         """One decode step from the state's fixed tensors (what a graph records), attending to
         the first ``attended`` cache slots."""
         state.key_valid.index_fill_(1, state.slot, True)
         out = self.model(input_ids=state.tokens,
-                         attention_mask=self._mask(state.key_valid[:, None, None, :attended]),
+                         attention_mask=self._mask(state.key_valid[:, None, None, :attended]
+                                                   .contiguous()),
                          position_ids=state.positions, use_cache=True,
                          **{self._cache_keyword: state.cache})
         state.slot.add_(1)
@@ -291,7 +313,9 @@ class GraphedDecoder:
         return out.logits[:, -1]
 
     def _mask(self, attend: torch.Tensor) -> torch.Tensor:
-        """``attend`` (bool, True: attend) as the model's attention takes it."""
+        """``attend`` (bool, True: attend) as the model's attention takes it. A decode step's
+        is a contiguous copy: a slice of the key mask is contiguous only when it covers the
+        whole cache, and the compiled blocks would take each layout for another graph."""
         if self.boolean_mask:
             return attend
         return torch.zeros(attend.shape, dtype=self.model.dtype, device=attend.device).masked_fill(
@@ -299,7 +323,7 @@ class GraphedDecoder:
 
     def _decode(self, state: _DecodeState, attended: int) -> torch.Tensor:
         if attended not in state.graphs:
-            return self._run_step(state, attended)
+            return self._step(state, attended)
         state.graphs[attended].replay()
         return state.logits[attended]
 
@@ -311,13 +335,13 @@ class GraphedDecoder:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._run_step(state, attended)
+                self._step(state, attended)
         torch.cuda.current_stream().wait_stream(stream)
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            state.logits[attended] = self._run_step(state, attended)
+            state.logits[attended] = self._step(state, attended)
         state.graphs[attended] = graph
         self._reset(state)
 
@@ -351,16 +375,6 @@ def _share_rows(cache: object, host: object, rows: int) -> None:
         keys, values = host_layer.keys[:rows], host_layer.values[:rows]
         layer.lazy_initialization(keys, values)  # dtype, device, heads; allocates, dropped below
         layer.keys, layer.values = keys, values
-
-
-def compile_decode_step(step: Callable[[_DecodeState], torch.Tensor]) -> Callable:
-    """``step`` compiled whole by inductor, rounding as eager does (``emulate_precision_casts``).
-
-    Shapes are dynamic (the model's own sizes come from its parameters and stay static), so one
-    compilation serves every batch size, attended length and cache length.
-    """
-    return torch.compile(step, fullgraph=True, dynamic=True,
-                         options={"emulate_precision_casts": True})
 
 
 def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
