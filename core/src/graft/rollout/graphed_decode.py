@@ -56,7 +56,7 @@ from graft.engine.logprobs import token_logprobs
 from graft.models.family import standard_decoder_blocks
 from graft.models.kv_cache import cache_keyword
 from graft.rollout.decode_attention import GROUPED_ATTENTION, use_grouped_query_attention
-from graft.rollout.regional_compile import compile_decoder_blocks
+from graft.rollout.regional_compile import compile_decoder_blocks, compiled_blocks
 from graft.rollout.types import SamplingSpec
 
 CACHE_LENGTH_MULTIPLE = 64  # cache lengths round up to this, so nearby prompt lengths share a graph
@@ -119,6 +119,7 @@ class GraphedDecoder:
         # (`fuse_kernels`) than the shorter, strided ones.
         self._spare_cache_slots = 1 if self.boolean_mask else 0
         self.batch_sizes: list[int] = []  # the batch sizes the last `generate` decoded at
+        self.fuse_kernels = fuse_kernels
         if fuse_kernels:  # compiled on the first step (the first graph's warm-up on GPU)
             compile_decoder_blocks(decoder_blocks or standard_decoder_blocks(model),
                                    options={"emulate_precision_casts": True})
@@ -303,11 +304,12 @@ class GraphedDecoder:
         """One decode step from the state's fixed tensors (what a graph records), attending to
         the first ``attended`` cache slots."""
         state.key_valid.index_fill_(1, state.slot, True)
-        out = self.model(input_ids=state.tokens,
-                         attention_mask=self._mask(state.key_valid[:, None, None, :attended]
-                                                   .contiguous()),
-                         position_ids=state.positions, use_cache=True,
-                         **{self._cache_keyword: state.cache})
+        with compiled_blocks(self.fuse_kernels):
+            out = self.model(input_ids=state.tokens,
+                             attention_mask=self._mask(state.key_valid[:, None, None, :attended]
+                                                       .contiguous()),
+                             position_ids=state.positions, use_cache=True,
+                             **{self._cache_keyword: state.cache})
         state.slot.add_(1)
         state.positions.add_(1)
         return out.logits[:, -1]

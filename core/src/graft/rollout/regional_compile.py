@@ -10,12 +10,15 @@ values with ``cache.update(k, v, self.layer_idx)``, a different constant per blo
 gets the cache narrowed to its own layer instead (`_OneLayerCache`), which ignores the index.
 And the prefill (many query positions) would be a second graph and round differently from the
 eager forward it has always run; it stays eager: a block runs compiled only for single-position
-(decode) inputs.
+(decode) inputs, and only inside `compiled_blocks` (the decoder that asked for them: another
+decoder over the same model, or the trainer's forward, runs the eager blocks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -23,6 +26,18 @@ import torch
 from graft.models.kv_cache import CACHE_KEYWORDS
 
 ROUTED = "_graft_regional_compile"  # marks a block whose forward is already routed
+_ENABLED: ContextVar[bool] = ContextVar("graft_compiled_blocks", default=False)
+
+
+@contextmanager
+def compiled_blocks(enabled: bool = True) -> Iterator[None]:
+    """Within this context the routed blocks (`compile_decoder_blocks`) run their compiled
+    decode forward; outside it (or with ``enabled`` false) they run eagerly."""
+    token = _ENABLED.set(enabled)
+    try:
+        yield
+    finally:
+        _ENABLED.reset(token)
 
 
 class _OneLayerCache:
@@ -40,8 +55,9 @@ class _OneLayerCache:
 
 def compile_decoder_blocks(blocks: Sequence[torch.nn.Module], *,
                            options: dict[str, Any] | None = None) -> None:
-    """Route each block's single-position forward through one ``torch.compile`` of its class's
-    ``forward`` (dynamic shapes: every batch size, cache and attended length), with the cache
+    """Route each block's single-position forward, inside `compiled_blocks`, through one
+    ``torch.compile`` of its class's ``forward`` (dynamic shapes: every batch size, cache and
+    attended length), with the cache
     narrowed to the block's layer (blocks already routed are left as they are). ``options``
     are inductor's (`torch.compile`).
 
@@ -67,7 +83,7 @@ def _routed_forward(block: torch.nn.Module, index: int,
     def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         keyword = next((k for k in CACHE_KEYWORDS if kwargs.get(k) is not None), None)
         # The prefill (eager, as it always was), and a cache's first write, which allocates it.
-        if (hidden_states.shape[1] != 1 or keyword is None
+        if (not _ENABLED.get() or hidden_states.shape[1] != 1 or keyword is None
                 or not kwargs[keyword].layers[index].is_initialized):
             return eager(hidden_states, *args, **kwargs)
         kwargs[keyword] = _OneLayerCache(kwargs[keyword].layers[index])
