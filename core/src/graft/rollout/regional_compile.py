@@ -57,9 +57,8 @@ def compile_decoder_blocks(blocks: Sequence[torch.nn.Module], *,
                            options: dict[str, Any] | None = None) -> None:
     """Route each block's single-position forward, inside `compiled_blocks`, through one
     ``torch.compile`` of its class's ``forward`` (dynamic shapes: every batch size, cache and
-    attended length), with the cache
-    narrowed to the block's layer (blocks already routed are left as they are). ``options``
-    are inductor's (`torch.compile`).
+    attended length), with the cache narrowed to the block's layer (blocks already routed are
+    left as they are). ``options`` are inductor's (`torch.compile`).
 
     Blocks must hold the KV cache in a ``Cache`` whose ``layers[i]`` is block ``i``'s (the
     static cache of `graft.rollout.graphed_decode`).
