@@ -49,6 +49,8 @@ def test_hook_specs_are_the_design_table() -> None:
         "graft_inference_copy",
         # added so `auto` settings keep a plugin's needs (R3 decodes with the hooked model)
         "graft_auto_settings",
+        # added for multi-turn episodes with an environment plugin's tools (#29)
+        "graft_environments",
     }
 
 

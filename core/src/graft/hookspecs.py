@@ -240,6 +240,13 @@ def graft_rollout_engines() -> dict[str, Any]:
 
 
 @hookspec
+def graft_environments() -> dict[str, Any]:
+    """Declare multi-turn tool environments, selectable with ``rollout.environment=<name>``; every rank.
+    When: config validation, an RL run's start. Return ``{name: factory}``; ``factory(*, cfg, tokenizer)``
+    builds a `graft.rollout.Environment` per episode. Must not mutate anything. Not ``firstresult``."""
+
+
+@hookspec
 def graft_rollout_begin(engine: str, rollout: Any, model: Any, cfg: Any) -> None:
     """Generation of one RL step is about to start.
 

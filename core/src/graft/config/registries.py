@@ -18,6 +18,7 @@ HOOK_REGISTRIES = {
     "rewards": ("graft_reward_functions", "reward"),
     "advantage_estimators": ("graft_advantage_estimators", "advantage estimator"),
     "rollout_engines": ("graft_rollout_engines", "rollout engine"),
+    "environments": ("graft_environments", "environment"),
     "trainer_modes": ("graft_trainer_modes", "trainer mode"),
 }
 

@@ -21,8 +21,9 @@ def choice(default: str, choices: Sequence[str] = (), *, registry: str | None = 
 
     ``registry`` names a registry plugins extend (``model_presets``, ``policy_losses``,
     ``loss_agg_modes``, ``rewards``, ``advantage_estimators``, ``rollout_engines``,
-    ``trainer_modes``: `graft.config.registries`); its names are looked up when the config is
-    validated, with the plugins of that run, and join the fixed ``choices``.
+    ``environments``, ``trainer_modes``: `graft.config.registries`); its names are looked up
+    when the config is validated, with the plugins of that run, and join the fixed
+    ``choices``.
     """
     return field(default=default, metadata={"choices": tuple(choices), "registry": registry})
 
@@ -257,6 +258,15 @@ class RolloutConfig:
     # vLLM only: fraction of GPU memory for weights and KV cache; context length.
     gpu_memory_utilization: float = bounded(0.3, gt=0.0, le=1.0)
     max_model_len: int = bounded(1024, ge=1)
+    # Multi-turn episodes with an environment plugin's tools (graft_environments; graft
+    # plugins lists them), embedded engine; none = one response per prompt.
+    environment: str = choice("none", ("none",), registry="environments")
+    # With an environment: model turns per episode; tokens per episode after the prompt
+    # (model and environment; each turn at most max_new_tokens); seconds per environment call
+    # (past it the episode ends with reward 0, rollout/env_errors).
+    max_turns: int = bounded(4, ge=1)
+    max_episode_tokens: int = bounded(256, ge=1)
+    env_timeout_s: float = bounded(10.0, gt=0.0)
 
 
 @dataclass

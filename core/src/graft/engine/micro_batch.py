@@ -17,10 +17,13 @@ import torch
 
 @dataclass(frozen=True)
 class TokenSample:
-    """One training sample: prompt then response token ids; the loss covers the response."""
+    """One training sample: prompt then response token ids; the loss covers the response, or
+    with ``response_mask`` (one weight per response token) the response tokens it marks
+    (a multi-turn episode's model tokens)."""
 
     input_ids: Sequence[int]
     response_start: int
+    response_mask: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -217,9 +220,14 @@ def build_micro_batch(samples: Sequence[TokenSample], *, packs_sequences: bool,
 
 
 def label_mask(sample: TokenSample) -> torch.Tensor:
-    """1.0 where the label (the next token) is a response token of the same sample."""
+    """1.0 where the label (the next token) is a response token of the same sample (and one
+    ``response_mask`` marks, when the sample has one)."""
     steps = torch.arange(len(sample))
-    return ((steps + 1 >= sample.response_start) & (steps + 1 < len(sample))).float()
+    mask = ((steps + 1 >= sample.response_start) & (steps + 1 < len(sample))).float()
+    if sample.response_mask is not None:
+        start = sample.response_start - 1  # position t predicts token t + 1
+        mask[start:start + len(sample.response_mask)] *= sample.response_mask.float()
+    return mask
 
 
 def position_ids(layout: PackedLayout) -> torch.Tensor:

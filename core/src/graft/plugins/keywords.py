@@ -2,7 +2,7 @@
 ones it declares.
 
 Hooks get this from pluggy; the functions plugins hand over through registries (policy losses,
-rewards, advantage estimators, rollout engines, trainer modes, a model family's
+rewards, advantage estimators, rollout engines, environments, trainer modes, a model family's
 ``parallelize``) get it here, so the core can pass new keywords without breaking functions
 written before them. `REGISTRY_CALLS` says which keywords each registry passes; a function that
 needs another (a parameter without a default that is not one of them, or a positional-only one)
@@ -53,6 +53,7 @@ REGISTRY_CALLS: dict[str, RegistryCall] = {
     "graft_rollout_engines": RegistryCall("rollout engine",
                                           ("cfg", "engine", "env", "run_dir", "tokenizer")),
     "graft_trainer_modes": RegistryCall("trainer mode", ("cfg", "tokenizer", "env")),
+    "graft_environments": RegistryCall("environment", ("cfg", "tokenizer")),
     "graft_model_families": RegistryCall(
         "model family", ("model", "family", "cfg", "mesh", "device", "role", "meshes"),
         attribute="parallelize"),

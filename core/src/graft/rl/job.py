@@ -32,6 +32,7 @@ from graft.rl.advantages import advantage_estimators, compute_advantages
 from graft.rl.kl import kl_penalty
 from graft.rl.rewards import RewardScorer
 from graft.rl.validation import Validator, validation_due
+from graft.rollout.registry import build_episode_runner
 from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
 from graft.training.metrics import console_print
 from graft.training.samples import SampleLog, format_sample, sample_records
@@ -94,6 +95,7 @@ class RLJob:
                                  cfg.rollout.max_new_tokens)
         self.rollout: RolloutEngine | None = None
         self.reference: TrainEngine | None = None
+        self.episodes = build_episode_runner(cfg, tokenizer=tokenizer, env=env)
 
     def attach(self, engine: TrainEngine, run_dir: Path) -> None:
         """Start the rollout engine (and the frozen reference for the KL penalty)."""
@@ -117,13 +119,18 @@ class RLJob:
         kind = self.rollout.kind
         hook.graft_rollout_begin(engine=kind, rollout=self.rollout, cfg=self.cfg,
                                  model=self.rollout.model)
+        texts = [self.texts[i] for i in local for _ in range(n)]
         started = time.perf_counter()
-        samples = self.rollout.generate(prompts, self.spec) if prompts else []
+        episodes = None
+        if self.episodes is not None:
+            episodes = self.episodes.run(self.rollout, texts, prompts, self.spec)
+            samples = episodes.samples
+        else:
+            samples = self.rollout.generate(prompts, self.spec) if prompts else []
         rollout_s = time.perf_counter() - started
         hook.graft_rollout_end(samples=samples, engine=kind, rollout=self.rollout, cfg=self.cfg)
-        texts = [self.texts[i] for i in local for _ in range(n)]
         responses = [self._decode(s) for s in samples]
-        rewards = torch.tensor(self.rewards.score(responses, texts), dtype=torch.float64)
+        rewards = torch.tensor(self._score(responses, texts, episodes), dtype=torch.float64)
         self._records = self._sample_records("train", texts, [self.prompts[i] for i in local],
                                              responses, rewards.tolist())
         advantages = compute_advantages(self.estimator, rewards, group_size=n, cfg=self.cfg)
@@ -136,7 +143,22 @@ class RLJob:
         metrics.update(self.rollout.sync_weights())
         metrics.update(self._rollout_metrics(samples, rewards, rollout_s, update_s))
         metrics.update(self.rewards.metrics())
+        if episodes is not None:
+            metrics.update(episodes.metrics)
         return metrics
+
+    def _score(self, responses: list[str], texts: list[Any], episodes: Any) -> list[float]:
+        """Each response's reward: the episode's own (its environment's, or 0 after an
+        environment failure) where it has one, else the configured reward's."""
+        if episodes is None:
+            return self.rewards.score(responses, texts)
+        scored = [i for i, reward in enumerate(episodes.rewards) if reward is None]
+        rewards = list(episodes.rewards)
+        for index, value in zip(scored, self.rewards.score([responses[i] for i in scored],
+                                                           [texts[i] for i in scored]),
+                                strict=True):
+            rewards[index] = value
+        return rewards
 
     def after_step(self, engine: TrainEngine, *, step: int, total_steps: int) -> dict[str, float]:
         """After step ``step`` (and before the first, ``step`` 0; every rank): write its samples,
@@ -177,7 +199,8 @@ class RLJob:
 
     def _micro_batches(self, engine: TrainEngine, samples: Sequence[RolloutSample],
                        advantages: torch.Tensor) -> list[MicroBatch]:
-        tokens = [TokenSample(s.prompt_ids + s.response_ids, len(s.prompt_ids)) for s in samples]
+        tokens = [TokenSample(s.prompt_ids + s.response_ids, len(s.prompt_ids), s.loss_mask)
+                  for s in samples]
         extras: dict[str, list[torch.Tensor]] = {
             "advantages": [torch.full((len(t),), float(a)) for t, a in zip(tokens, advantages,
                                                                         strict=True)]}

@@ -24,3 +24,32 @@ def build_rollout(cfg: Any, *, engine: Any, env: Any, run_dir: Path,
     factory = rollout_engines()[cfg.rollout.engine]
     return call_with_keywords(factory, cfg=cfg, engine=engine, env=env, run_dir=run_dir,
                               tokenizer=tokenizer)
+
+
+def environments(manager: GraftPluginManager | None = None) -> dict[str, Callable[..., Any]]:
+    """Every environment factory by name (``graft_environments``); two providers of one name
+    is a `PluginError`."""
+    return collect_named(manager or get_plugin_manager(), "graft_environments", "environment")
+
+
+def build_episode_runner(cfg: Any, *, tokenizer: Any, env: Any) -> Any:
+    """The `graft.rollout.episodes.EpisodeRunner` of ``rollout.environment``, or None for
+    ``none`` (one response per prompt)."""
+    rollout = cfg.rollout
+    if rollout.environment == "none":
+        return None
+    from graft.engine.distributed import all_reduce
+    from graft.rollout.episodes import EpisodeLimits, EpisodeRunner
+
+    def busiest(count: int) -> int:
+        """The largest count of active episodes over the data-parallel ranks."""
+        import torch
+
+        if env is None:
+            return count
+        return int(all_reduce(torch.tensor([count], device=env.device),
+                              op=torch.distributed.ReduceOp.MAX).item())
+
+    limits = EpisodeLimits(rollout.max_turns, rollout.max_episode_tokens, rollout.env_timeout_s)
+    return EpisodeRunner(environments()[rollout.environment], tokenizer=tokenizer,
+                         limits=limits, cfg=cfg, active_episodes=busiest)

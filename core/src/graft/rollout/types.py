@@ -38,6 +38,9 @@ class RolloutSample:
         engine_extras: per-request outputs a plugin asked the engine for
             (``RolloutEngine.request_extras``), as the engine returned them (e.g. vLLM's
             ``routed_experts`` array); plugins turn them into ``extras``.
+        loss_mask: which response tokens the loss covers (``len(response_ids)``, 1.0 or 0.0):
+            a multi-turn episode's model tokens (`graft.rollout.episodes`), not the
+            environment's; None: every response token (a single-turn response).
     """
 
     prompt_ids: list[int]
@@ -45,6 +48,7 @@ class RolloutSample:
     logprobs: torch.Tensor | None
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     engine_extras: dict[str, Any] = field(default_factory=dict)
+    loss_mask: torch.Tensor | None = None
 
 
 class RolloutEngine(Protocol):

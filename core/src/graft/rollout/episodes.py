@@ -1,0 +1,204 @@
+"""Multi-turn episodes on any rollout engine: the model and an environment take turns.
+
+One token sequence per episode (token in, token out): the prompt from `Environment.reset`, then
+each turn the engine generates from the whole sequence so far and its tokens are appended as
+generated, then the environment's answer is appended as rendered
+(`graft.rollout.observations`). A loss mask marks the model's tokens; the engine's log-probs
+are kept for them (0 under the environment's tokens, which the mask excludes). Every active
+episode of a rank generates its turn in one batch; with several ranks every rank runs as many
+turns as the busiest (the embedded engine's decode steps are collectives).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from graft.rollout.env_calls import EnvFailure, call_all, checked_step
+from graft.rollout.observations import MalformedObservation, observation_ids
+from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
+
+logger = logging.getLogger("graft.rollout")
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """``rollout.max_turns`` model turns, ``rollout.max_episode_tokens`` tokens after the
+    prompt (model and environment), ``rollout.env_timeout_s`` seconds per environment call."""
+
+    max_turns: int
+    max_episode_tokens: int
+    timeout_s: float
+
+
+@dataclass
+class Episode:
+    """One episode's sequence and bookkeeping."""
+
+    env: Any
+    sample: Any
+    prompt: list[int]
+    response: list[int] = field(default_factory=list)
+    model_mask: list[float] = field(default_factory=list)  # 1.0 model token, 0.0 environment's
+    logprobs: list[torch.Tensor] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    done: bool = False
+    failure: EnvFailure | None = None
+
+    def end(self, failure: EnvFailure | None = None) -> None:
+        """Stop the episode (with the reason when an environment call failed)."""
+        self.done, self.failure = True, failure
+        if failure is not None:
+            logger.warning("an episode of %s ended with reward 0: the environment %s",
+                           getattr(self.sample, "origin", "") or "a sample", failure.reason)
+
+    def reward(self) -> float | None:
+        """0 after a failure, else the sum of the environment's rewards; None when it gave
+        none (the configured reward scores the episode)."""
+        if self.failure is not None:
+            return 0.0
+        return sum(self.rewards) if self.rewards else None
+
+
+@dataclass
+class EpisodeBatch:
+    """A step's episodes: their samples, rewards (None: score with ``algorithm.reward``) and
+    metrics (``rollout/...``)."""
+
+    samples: list[RolloutSample]
+    rewards: list[float | None]
+    metrics: dict[str, float]
+
+
+class EpisodeRunner:
+    """Runs episodes of the environment a factory builds (one fresh environment per episode)."""
+
+    def __init__(self, factory: Any, *, tokenizer: Any, limits: EpisodeLimits,
+                 cfg: Any = None, active_episodes: Any = None) -> None:
+        from graft.plugins.keywords import call_with_keywords
+
+        self.make = lambda: call_with_keywords(factory, cfg=cfg, tokenizer=tokenizer)
+        self.tokenizer = tokenizer
+        self.stand_in = getattr(tokenizer, "pad_token_id", None) or 0
+        self.limits = limits
+        # ranks' largest count of active episodes (every rank runs as many turns); local here
+        self.active_episodes = active_episodes or (lambda count: count)
+        self.env_s = 0.0
+
+    def run(self, engine: RolloutEngine, samples: Sequence[Any], prompts: Sequence[list[int]],
+            spec: SamplingSpec) -> EpisodeBatch:
+        """One episode per ``(sample, prompt)`` pair (prompts as the data loader encoded them)."""
+        self.env_s = 0.0
+        episodes = self._start(samples, prompts)
+        while self.active_episodes(sum(not e.done for e in episodes)) > 0:
+            active = [e for e in episodes if not e.done]
+            budgets = [self._budget(e, spec) for e in active]
+            turn = replace(spec, max_new_tokens=max(budgets, default=1))
+            # a rank without active episodes generates for a stand-in, dropped
+            contexts = [e.prompt + e.response for e in active] or [[self.stand_in]]
+            generated = engine.generate(contexts, turn)
+            self._answer(active, generated, budgets)
+        return EpisodeBatch([self._sample(e) for e in episodes], [e.reward() for e in episodes],
+                            self._metrics(episodes))
+
+    def _start(self, samples: Sequence[Any], prompts: Sequence[list[int]]) -> list[Episode]:
+        envs = [self.make() for _ in samples]
+        started = time.perf_counter()
+        resets = call_all([(env.reset, (sample,)) for env, sample in zip(envs, samples,
+                                                                         strict=True)],
+                          self.limits.timeout_s)
+        self.env_s += time.perf_counter() - started
+        episodes = []
+        for env, sample, prompt, value in zip(envs, samples, prompts, resets, strict=True):
+            episode = Episode(env, sample, list(prompt))
+            if isinstance(value, EnvFailure):
+                episode.end(value)
+            elif value is not None:
+                try:
+                    episode.prompt = observation_ids(value, self.tokenizer) or list(prompt)
+                except MalformedObservation as exc:
+                    episode.end(EnvFailure("error", f"reset returned a malformed prompt: {exc}"))
+            episodes.append(episode)
+        return episodes
+
+    def _budget(self, episode: Episode, spec: SamplingSpec) -> int:
+        """The most tokens this turn may add: ``max_new_tokens`` within the episode's limit."""
+        left = self.limits.max_episode_tokens - len(episode.response)
+        return max(1, min(spec.max_new_tokens, left))
+
+    def _answer(self, active: list[Episode], generated: Sequence[RolloutSample],
+                budgets: list[int]) -> None:
+        """Append each turn's tokens, then every environment's answer (its calls at once)."""
+        actions = []
+        for episode, sample, budget in zip(active, generated, budgets, strict=False):
+            ids = self._cut(episode.env, list(sample.response_ids[:budget]))
+            episode.response += ids
+            episode.model_mask += [1.0] * len(ids)
+            episode.logprobs.append(sample.logprobs[:len(ids)].float()
+                                    if sample.logprobs is not None else torch.zeros(len(ids)))
+            episode.turns += 1
+            actions.append((ids, self.tokenizer.decode(ids, skip_special_tokens=True)))
+        started = time.perf_counter()
+        answers = call_all([(e.env.step, action) for e, action in zip(active, actions,
+                                                                       strict=True)],
+                           self.limits.timeout_s)
+        self.env_s += time.perf_counter() - started
+        for episode, answer in zip(active, answers, strict=True):
+            self._apply(episode, checked_step(answer))
+
+    def _cut(self, env: Any, ids: list[int]) -> list[int]:
+        """The turn up to the first token at which its text contains one of ``env.stop``."""
+        stops = tuple(getattr(env, "stop", ()) or ())
+        text = self.tokenizer.decode(ids, skip_special_tokens=True) if stops else ""
+        if not any(stop in text for stop in stops):
+            return ids
+        for end in range(1, len(ids) + 1):
+            prefix = self.tokenizer.decode(ids[:end], skip_special_tokens=True)
+            if any(stop in prefix for stop in stops):
+                return ids[:end]
+        return ids
+
+    def _apply(self, episode: Episode, answer: tuple[Any, float | None, bool] | EnvFailure
+               ) -> None:
+        """Record the environment's answer; end the episode when it is done or at a limit."""
+        if isinstance(answer, EnvFailure):
+            return episode.end(answer)
+        observation, reward, done = answer
+        if reward is not None:
+            episode.rewards.append(reward)
+        try:
+            ids = observation_ids(observation, self.tokenizer)
+        except MalformedObservation as exc:
+            return episode.end(EnvFailure("error", f"step returned a malformed observation: "
+                                                   f"{exc}"))
+        limit = self.limits.max_episode_tokens
+        if done or episode.turns >= self.limits.max_turns or len(episode.response) >= limit:
+            return episode.end()
+        if ids:
+            if len(episode.response) + len(ids) >= limit:  # no room left for a model turn
+                return episode.end()
+            episode.response += ids
+            episode.model_mask += [0.0] * len(ids)
+            episode.logprobs.append(torch.zeros(len(ids)))
+            episode.tool_calls += 1
+
+    def _sample(self, episode: Episode) -> RolloutSample:
+        logprobs = torch.cat(episode.logprobs) if episode.logprobs else torch.zeros(0)
+        return RolloutSample(episode.prompt, episode.response, logprobs,
+                             loss_mask=torch.tensor(episode.model_mask, dtype=torch.float32))
+
+    def _metrics(self, episodes: list[Episode]) -> dict[str, float]:
+        count = max(len(episodes), 1)
+        failures = [e.failure.kind for e in episodes if e.failure is not None]
+        return {"rollout/turns_mean": sum(e.turns for e in episodes) / count,
+                "rollout/tool_calls_mean": sum(e.tool_calls for e in episodes) / count,
+                "rollout/env_errors": float(failures.count("error")),
+                "rollout/malformed_actions": float(failures.count("malformed_action")),
+                "rollout/env_s": self.env_s}
