@@ -55,5 +55,8 @@ def mismatch(run_dir: Path, decode: str) -> float:
 def test_static_decode_samples_the_quantised_policy_like_dynamic_decode(tmp_path: Path) -> None:
     static, dynamic = mismatch(tmp_path / "static", "static"), mismatch(tmp_path / "dynamic",
                                                                        "dynamic")
-    assert dynamic < 1e-5, dynamic  # the trained model itself generates
+    # the trained model itself generates: 1.2e-7 on one 2-core machine, 1.4e-5 on another (its
+    # CPU's fp32 kernels round otherwise, and a code the fake quant flips moves a token's
+    # log-prob); the unquantised copy gave 1.5e-2
+    assert dynamic < 1e-4, dynamic
     assert static <= 2 * dynamic + 1e-6, (static, dynamic)  # unquantised copy: ~1.5e-2
