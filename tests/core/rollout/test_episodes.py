@@ -203,7 +203,7 @@ def test_a_broken_environment_ends_its_episode_with_reward_0(engine_and_tokenize
     batch = run_episodes(engine_and_tokenizer, factory, timeout_s=0.3)
     assert time.perf_counter() - started < 2.5  # the hung calls were not waited for
     assert batch.rewards == [0.0, 0.0] and batch.metrics["rollout/env_errors"] == 2.0
-    assert reason in caplog.text
+    assert batch.scored == [False, False] and reason in caplog.text
     turns = 0 if factory is BadReset else 1
     assert batch.metrics["rollout/turns_mean"] == turns
     assert all(len(s.response_ids) == len(s.logprobs) == len(s.loss_mask) for s in batch.samples)
@@ -226,6 +226,7 @@ class Chatty(OneTurn):
 @pytest.mark.parametrize("turns, tokens", [(2, 64), (10, 12)])
 def test_limits_end_an_episode(engine_and_tokenizer, turns: int, tokens: int) -> None:
     batch = run_episodes(engine_and_tokenizer, Chatty, turns=turns, tokens=tokens)
+    assert all(batch.scored)  # a limit, not the environment, ended them: algorithm.reward adds
     for sample, reward in zip(batch.samples, batch.rewards, strict=True):
         assert len(sample.response_ids) <= tokens and reward >= 1.0
         assert sample.loss_mask.sum() == sum(len(s) for s in [sample.response_ids]) - \

@@ -148,16 +148,17 @@ class RLJob:
         return metrics
 
     def _score(self, responses: list[str], texts: list[Any], episodes: Any) -> list[float]:
-        """Each response's reward: the episode's own (its environment's, or 0 after an
-        environment failure) where it has one, else the configured reward's."""
+        """Each response's reward: the configured reward's; for an episode its environment's
+        (0 after an environment failure) plus the configured reward's where it asks for it
+        (`graft.rollout.episodes.EpisodeBatch.scored`)."""
         if episodes is None:
             return self.rewards.score(responses, texts)
-        scored = [i for i, reward in enumerate(episodes.rewards) if reward is None]
+        scored = [i for i, wanted in enumerate(episodes.scored) if wanted]
         rewards = list(episodes.rewards)
         for index, value in zip(scored, self.rewards.score([responses[i] for i in scored],
                                                            [texts[i] for i in scored]),
                                 strict=True):
-            rewards[index] = value
+            rewards[index] += value
         return rewards
 
     def after_step(self, engine: TrainEngine, *, step: int, total_steps: int) -> dict[str, float]:

@@ -62,8 +62,9 @@ class Environment(Protocol):
         tokens): ``(observation, reward, done)``.
 
         ``observation`` is appended after the turn (None or empty: nothing); ``reward`` is
-        this turn's reward or None. The episode's reward is the sum of the numbers returned,
-        or, when every turn returned None, the configured reward (``algorithm.reward``) of the
-        episode's decoded response (model and environment tokens after the prompt).
-        ``done`` ends the episode.
+        this turn's reward or None. ``done`` ends the episode. The episode's reward is the sum
+        of the numbers returned plus, unless the step that returned ``done`` gave a number,
+        the configured reward's (``algorithm.reward``) score of the episode's decoded response
+        (model and environment tokens after the prompt): an environment that only runs tools
+        leaves the final answer to the reward registry, also when a limit ends the episode.
         """

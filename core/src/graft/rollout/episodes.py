@@ -47,6 +47,7 @@ class Episode:
     model_mask: list[float] = field(default_factory=list)  # 1.0 model token, 0.0 environment's
     logprobs: list[torch.Tensor] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
+    final_reward_given: bool = False  # the step that ended it returned a number
     turns: int = 0
     tool_calls: int = 0
     done: bool = False
@@ -55,25 +56,34 @@ class Episode:
     def end(self, failure: EnvFailure | None = None) -> None:
         """Stop the episode (with the reason when an environment call failed)."""
         self.done, self.failure = True, failure
-        if failure is not None:
-            logger.warning("an episode of %s ended with reward 0: the environment %s",
-                           getattr(self.sample, "origin", "") or "a sample", failure.reason)
+        if failure is None:
+            return
+        origin = getattr(self.sample, "origin", "") or "a sample"
+        if failure.kind == "malformed_action":  # the model's doing: counted, not alarming
+            logger.info("an episode of %s ended with reward 0: %s", origin, failure.reason)
+        else:
+            logger.warning("an episode of %s ended with reward 0: the environment %s", origin,
+                           failure.reason)
 
-    def reward(self) -> float | None:
-        """0 after a failure, else the sum of the environment's rewards; None when it gave
-        none (the configured reward scores the episode)."""
-        if self.failure is not None:
-            return 0.0
-        return sum(self.rewards) if self.rewards else None
+    def reward(self) -> float:
+        """0 after a failure, else the sum of the environment's rewards."""
+        return 0.0 if self.failure is not None else float(sum(self.rewards))
+
+    def needs_score(self) -> bool:
+        """Whether the configured reward adds its score of the episode: unless it failed or
+        the step that ended it (``done``) returned a reward of its own."""
+        return self.failure is None and not self.final_reward_given
 
 
 @dataclass
 class EpisodeBatch:
-    """A step's episodes: their samples, rewards (None: score with ``algorithm.reward``) and
-    metrics (``rollout/...``)."""
+    """A step's episodes: their samples, the environment's rewards (summed over turns), which
+    of them the configured reward (``algorithm.reward``) adds its score to, and metrics
+    (``rollout/...``)."""
 
     samples: list[RolloutSample]
-    rewards: list[float | None]
+    rewards: list[float]
+    scored: list[bool]
     metrics: dict[str, float]
 
 
@@ -106,7 +116,7 @@ class EpisodeRunner:
             generated = engine.generate(contexts, turn)
             self._answer(active, generated, budgets)
         return EpisodeBatch([self._sample(e) for e in episodes], [e.reward() for e in episodes],
-                            self._metrics(episodes))
+                            [e.needs_score() for e in episodes], self._metrics(episodes))
 
     def _start(self, samples: Sequence[Any], prompts: Sequence[list[int]]) -> list[Episode]:
         envs = [self.make() for _ in samples]
@@ -173,6 +183,7 @@ class EpisodeRunner:
         observation, reward, done = answer
         if reward is not None:
             episode.rewards.append(reward)
+        episode.final_reward_given = done and reward is not None
         try:
             ids = observation_ids(observation, self.tokenizer)
         except MalformedObservation as exc:

@@ -46,8 +46,6 @@ def _template_ids(messages: list[Mapping[str, Any]], tokenizer: Any) -> list[int
     if not getattr(tokenizer, "chat_template", None):
         raise MalformedObservation("chat messages as an observation need a tokenizer with a "
                                    "chat template; return text or token ids instead")
-    rendered = tokenizer.apply_chat_template([dict(m) for m in messages],
-                                             add_generation_prompt=True, tokenize=True)
-    ids = rendered["input_ids"] if isinstance(rendered, Mapping) or hasattr(
-        rendered, "keys") else rendered
-    return [int(t) for t in ids]
+    rendered = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True,
+                                             tokenize=True, return_dict=True)
+    return [int(t) for t in rendered["input_ids"]]

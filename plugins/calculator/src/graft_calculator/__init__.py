@@ -1,0 +1,15 @@
+"""graft-calculator: a multi-turn calculator tool environment for Graft (entry point
+``calculator``): the model writes ``<calc>expr</calc>``, the tool answers
+``<result>value</result>``, and the final answer is rewarded (``calculator`` reward).
+"""
+
+from graft_calculator.arithmetic import NotArithmetic, evaluate
+from graft_calculator.config import CalculatorConfig
+from graft_calculator.environment import CalculatorEnvironment
+from graft_calculator.problems import DATA_SOURCE, problems, write_problems
+from graft_calculator.reward import calculator_reward
+
+__version__ = "0.1.0"
+
+__all__ = ["DATA_SOURCE", "CalculatorConfig", "CalculatorEnvironment", "NotArithmetic",
+           "__version__", "calculator_reward", "evaluate", "problems", "write_problems"]
