@@ -83,6 +83,7 @@ EXPECTED = {
     "graft config check": ("myfeature-tiny.yaml", "config files valid"),
     "graft train --config myfeature-tiny": ("graft train: summary",),
     "graft train --config myfeature-rl": ("graft train: summary", "reward"),
+    "graft train --config myfeature-env": ("graft train: summary", "reward"),
 }
 
 

@@ -6,6 +6,7 @@ Keep it cheap to import (no torch at top level): Graft imports it for every comm
 from dataclasses import dataclass
 
 from graft import hookimpl
+from graft_myfeature.environment import graft_environments  # noqa: F401
 from graft_myfeature.losses import graft_loss_agg_modes, graft_loss_aggregate  # noqa: F401
 from graft_myfeature.registries import (  # noqa: F401
     graft_advantage_estimators,

@@ -61,6 +61,22 @@ def test_prefix_reward_gives_partial_credit():
     assert prefix_reward(response="abababab", sample=sample) == 1.0
 
 
+def test_a_hint_costs_and_an_answer_ends_the_episode():
+    from types import SimpleNamespace
+
+    import pytest
+
+    from graft.rollout import MalformedAction
+    from graft_myfeature.environment import HintEnvironment
+
+    env = HintEnvironment()
+    assert env.reset(SimpleNamespace(answer="abab")) is None
+    assert env.step([], "which?") == (" hint: ab\n", -0.1, False)
+    assert env.step([], "abab") == (None, None, True)
+    with pytest.raises(MalformedAction):
+        env.step([], "?")
+
+
 def test_an_rl_step_replays_what_the_old_logprob_pass_kept(graft_plugin, tmp_path):
     graft_plugin(plugin, name="myfeature")
     metrics = graft.train(overrides=[
