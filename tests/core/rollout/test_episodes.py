@@ -269,3 +269,36 @@ def test_messages_are_rendered_alone_so_a_rewriting_template_cannot_change_earli
     assert observation_ids("42", tokenizer) == tokenizer("42", add_special_tokens=False)[
         "input_ids"]
     assert observation_ids(torch.tensor([5, 6]).tolist(), tokenizer) == [5, 6]
+
+
+def test_validation_runs_episodes_too(graft_plugin, tmp_path: Path) -> None:
+    graft_plugin(ToolboxPlugin(), name="toolbox")
+    held_out = tmp_path / "val.jsonl"
+    held_out.write_text("".join(f'{{"prompt": "say {w}:", "answer": "abab"}}\n' for w in "ab"))
+    Toolbox.log = []
+    _, rows = fit(tmp_path, "rollout.environment=toolbox", f"data.val_path={held_out}",
+                  "trainer.val_every_steps=1", "val.n=2")
+    validated = [row["val/reward_mean"] for row in rows if "val/reward_mean" in row]
+    assert validated == [0.75, 0.75]  # the environment's 0.25 + 0.5: three turns each
+    assert len(Toolbox.log) == 4 + 2 * 2 * 2  # the step's, and validation at steps 0 and 1
+
+
+
+@pytest.mark.slow  # torchrun, 2 gloo ranks, 2 steps (~10 s on 2 cores)
+def test_every_rank_runs_the_busiest_ranks_turns(tmp_path: Path) -> None:
+    """Episodes of 1 turn on rank 0 and 3 on rank 1 (tests/scripts/episodes_two_ranks.py):
+    rank 0 keeps generating for a stand-in while rank 1 finishes, or both would hang."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "episodes_two_ranks.py"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", str(script), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("METRICS ")]
+    for row in json.loads(line.removeprefix("METRICS ")):
+        # over both ranks' episodes: half of 1 turn, half of 3 (2 tool calls, reward 1 a turn)
+        assert (row["rollout/turns_mean"], row["rollout/tool_calls_mean"]) == (2.0, 1.0)
+        assert row["reward_mean"] == 2.0 and row["train_infer_logprob_diff"] < 1e-5

@@ -150,16 +150,10 @@ class RLJob:
     def _score(self, responses: list[str], texts: list[Any], episodes: Any) -> list[float]:
         """Each response's reward: the configured reward's; for an episode its environment's
         (0 after an environment failure) plus the configured reward's where it asks for it
-        (`graft.rollout.episodes.EpisodeBatch.scored`)."""
+        (`graft.rollout.episodes.EpisodeBatch.total_rewards`)."""
         if episodes is None:
             return self.rewards.score(responses, texts)
-        scored = [i for i, wanted in enumerate(episodes.scored) if wanted]
-        rewards = list(episodes.rewards)
-        for index, value in zip(scored, self.rewards.score([responses[i] for i in scored],
-                                                           [texts[i] for i in scored]),
-                                strict=True):
-            rewards[index] += value
-        return rewards
+        return episodes.total_rewards(self.rewards.score, responses, texts)
 
     def after_step(self, engine: TrainEngine, *, step: int, total_steps: int) -> dict[str, float]:
         """After step ``step`` (and before the first, ``step`` 0; every rank): write its samples,
@@ -170,7 +164,7 @@ class RLJob:
         if self.validator is not None and validation_due(step, every=every,
                                                          total_steps=total_steps):
             result = self.validator.run(self.rollout, score=self.rewards.score,
-                                        decode=self._decode, step=step)
+                                        decode=self._decode, step=step, episodes=self.episodes)
             metrics = result.metrics
             records = records + self._sample_records("val", result.samples, result.prompt_ids,
                                                      result.responses, result.rewards)

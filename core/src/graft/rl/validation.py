@@ -78,21 +78,30 @@ class Validator:
 
     def run(self, rollout: RolloutEngine, *, score: Callable[[list[str], list[TextSample]],
                                                               list[float]],
-            decode: Callable[[RolloutSample], str], step: int) -> ValidationResult:
-        """Generate ``val.n`` responses per prompt of this rank, score them with ``score``
+            decode: Callable[[RolloutSample], str], step: int,
+            episodes: Any = None) -> ValidationResult:
+        """Generate ``val.n`` responses per prompt of this rank (with ``episodes``, a
+        `graft.rollout.episodes.EpisodeRunner`: ``val.n`` episodes), score them with ``score``
         (responses, samples) and reduce the metrics over the ranks (every rank calls it)."""
         local = list(range(len(self.ids)))[self.env.dp_rank::self.env.dp_size]
         prompts = [self.ids[i] for i in local for _ in range(self.n)]
+        samples = [self.samples[i] for i in local for _ in range(self.n)]
         devices = [self.env.device] if self.env.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(self.seed + SEED_OFFSET + step)
-            # A rank without prompts still generates (one stand-in, dropped): every rank's
-            # engine takes part in the same collectives.
-            generated = rollout.generate(prompts or self.ids[:1], self.spec)
+            if episodes is not None:  # every rank runs the busiest rank's turns
+                batch = episodes.run(rollout, samples, prompts, self.spec)
+                generated = batch.samples
+            else:
+                # A rank without prompts still generates (one stand-in, dropped): every rank's
+                # engine takes part in the same collectives.
+                generated = rollout.generate(prompts or self.ids[:1], self.spec)
         generated = generated[:len(prompts)]
-        samples = [self.samples[i] for i in local for _ in range(self.n)]
         responses = [decode(s) for s in generated]
-        rewards = [float(r) for r in score(responses, samples)] if samples else []
+        if episodes is not None:
+            rewards = batch.total_rewards(score, responses, samples)
+        else:
+            rewards = [float(r) for r in score(responses, samples)] if samples else []
         lengths = [len(s.response_ids) for s in generated]
         metrics = self._reduce(rewards, lengths)
         return ValidationResult(metrics, samples, [self.ids[i] for i in local], responses,

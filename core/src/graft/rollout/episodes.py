@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -86,12 +86,25 @@ class EpisodeBatch:
     scored: list[bool]
     metrics: dict[str, float]
 
+    def total_rewards(self, score: Callable[[list[str], list[Any]], list[float]],
+                      responses: Sequence[str], samples: Sequence[Any]) -> list[float]:
+        """Each episode's reward: the environment's plus, where `scored` says so, ``score``'s
+        (the configured reward: responses and the samples they answer, one call)."""
+        wanted = [i for i, flag in enumerate(self.scored) if flag]
+        totals = list(self.rewards)
+        if wanted:
+            for index, value in zip(wanted, score([responses[i] for i in wanted],
+                                                  [samples[i] for i in wanted]), strict=True):
+                totals[index] += float(value)
+        return totals
+
 
 class EpisodeRunner:
     """Runs episodes of the environment a factory builds (one fresh environment per episode)."""
 
     def __init__(self, factory: Any, *, tokenizer: Any, limits: EpisodeLimits,
-                 cfg: Any = None, active_episodes: Any = None) -> None:
+                 cfg: Any = None, active_episodes: Any = None, sum_over_ranks: Any = None,
+                 ranks: int = 1) -> None:
         from graft.plugins.keywords import call_with_keywords
 
         self.make = lambda: call_with_keywords(factory, cfg=cfg, tokenizer=tokenizer)
@@ -100,6 +113,9 @@ class EpisodeRunner:
         self.limits = limits
         # ranks' largest count of active episodes (every rank runs as many turns); local here
         self.active_episodes = active_episodes or (lambda count: count)
+        # a float64 tensor summed over the data-parallel ranks (metrics of every rank's episodes)
+        self.sum_over_ranks = sum_over_ranks or (lambda totals: totals)
+        self.ranks = ranks
         self.env_s = 0.0
 
     def run(self, engine: RolloutEngine, samples: Sequence[Any], prompts: Sequence[list[int]],
@@ -206,10 +222,15 @@ class EpisodeRunner:
                              loss_mask=torch.tensor(episode.model_mask, dtype=torch.float32))
 
     def _metrics(self, episodes: list[Episode]) -> dict[str, float]:
-        count = max(len(episodes), 1)
+        """Means over every rank's episodes, counts summed over the ranks, and each rank's
+        mean seconds in environment calls."""
         failures = [e.failure.kind for e in episodes if e.failure is not None]
-        return {"rollout/turns_mean": sum(e.turns for e in episodes) / count,
-                "rollout/tool_calls_mean": sum(e.tool_calls for e in episodes) / count,
-                "rollout/env_errors": float(failures.count("error")),
-                "rollout/malformed_actions": float(failures.count("malformed_action")),
-                "rollout/env_s": self.env_s}
+        totals = self.sum_over_ranks(torch.tensor(
+            [float(len(episodes)), float(sum(e.turns for e in episodes)),
+             float(sum(e.tool_calls for e in episodes)), float(failures.count("error")),
+             float(failures.count("malformed_action")), self.env_s], dtype=torch.float64))
+        count, turns, calls, errors, malformed, env_s = (float(v) for v in totals)
+        return {"rollout/turns_mean": turns / max(count, 1.0),
+                "rollout/tool_calls_mean": calls / max(count, 1.0),
+                "rollout/env_errors": errors, "rollout/malformed_actions": malformed,
+                "rollout/env_s": env_s / self.ranks}

@@ -50,6 +50,14 @@ def build_episode_runner(cfg: Any, *, tokenizer: Any, env: Any) -> Any:
         return int(all_reduce(torch.tensor([count], device=env.device),
                               op=torch.distributed.ReduceOp.MAX).item())
 
+    def sum_over_ranks(totals: Any) -> Any:
+        """``totals`` summed over the data-parallel ranks."""
+        if env is None:
+            return totals
+        return all_reduce(totals.to(env.device), group=env.dp_group).cpu()
+
     limits = EpisodeLimits(rollout.max_turns, rollout.max_episode_tokens, rollout.env_timeout_s)
     return EpisodeRunner(environments()[rollout.environment], tokenizer=tokenizer,
-                         limits=limits, cfg=cfg, active_episodes=busiest)
+                         limits=limits, cfg=cfg, active_episodes=busiest,
+                         sum_over_ranks=sum_over_ranks,
+                         ranks=env.dp_size if env is not None else 1)
