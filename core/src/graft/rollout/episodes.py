@@ -185,11 +185,15 @@ class EpisodeRunner:
         text = self.tokenizer.decode(ids, skip_special_tokens=True) if stops else ""
         if not any(stop in text for stop in stops):
             return ids
-        for end in range(1, len(ids) + 1):
-            prefix = self.tokenizer.decode(ids[:end], skip_special_tokens=True)
+        low, high = 1, len(ids)  # the shortest prefix whose text holds a stop string
+        while low < high:  # a binary search: a turn of n tokens costs log2(n) decodes
+            middle = (low + high) // 2
+            prefix = self.tokenizer.decode(ids[:middle], skip_special_tokens=True)
             if any(stop in prefix for stop in stops):
-                return ids[:end]
-        return ids
+                high = middle
+            else:
+                low = middle + 1
+        return ids[:low]
 
     def _apply(self, episode: Episode, answer: tuple[Any, float | None, bool] | EnvFailure
                ) -> None:
