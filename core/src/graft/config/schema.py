@@ -140,6 +140,19 @@ class EngineConfig:
     mixed_precision: str = choice("auto", ("auto", "fp32", "bf16"))
     # Non-reentrant activation checkpointing of every decoder block.
     activation_checkpointing: bool = False
+    # Decoder blocks per activation checkpoint (with activation_checkpointing): 1 = one
+    # checkpoint per block (transformers' own); k > 1 keeps only every k-th block's input for
+    # backward (fewer boundaries, k blocks recomputed together: tile the MLP so their working set
+    # stays small). graft.engine.checkpoint_groups.
+    checkpoint_every_blocks: int = bounded(1, ge=1, note="1: a checkpoint per decoder block")
+    # Compute the log-probs (and entropy) from the last hidden states this many tokens at a time,
+    # forward and backward, never holding the tokens x vocab logits (graft.engine.chunked_head);
+    # 0 takes the whole logits from the model (the path before). 4096 measured: bench/README.md.
+    logprob_chunk_tokens: int = bounded(4096, ge=0, note="0: the whole logits at once")
+    # Run each dense decoder MLP on this many tokens at a time in training, recomputing each
+    # chunk in backward, so a block's backward never holds its tokens x intermediate_size
+    # activations (graft.engine.tiled_mlp); 0: the whole sequence at once. MoE layers stay whole.
+    mlp_chunk_tokens: int = bounded(0, ge=0, note="0: the MLP over the whole sequence")
     # Token budget of one packed micro-batch (per rank).
     max_tokens_per_micro_batch: int = bounded(4096, ge=1)
     # Pack a micro-batch's samples into rows of at most this many tokens (0: one row). Attention

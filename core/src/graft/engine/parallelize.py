@@ -20,8 +20,10 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from graft.engine.checkpoint_groups import apply_checkpoint_groups, checkpoint_groups_applied
 from graft.engine.dtype_units import shard_other_dtypes
 from graft.engine.parallel_dims import EP, ParallelMeshes
+from graft.engine.tiled_mlp import apply_tiled_mlp
 from graft.errors import ConfigError, PluginError
 from graft.models.family import ModelFamily
 from graft.plugins import get_plugin_manager
@@ -33,8 +35,11 @@ ROLES = ("policy", "reference")
 logger = logging.getLogger("graft.engine")
 
 
-def apply_activation_checkpointing(model: torch.nn.Module) -> None:
-    """Non-reentrant activation checkpointing of every decoder block (transformers' own wrapper).
+def apply_activation_checkpointing(model: torch.nn.Module, *, every_blocks: int = 1,
+                                   blocks: Sequence[torch.nn.Module] = ()) -> None:
+    """Activation checkpointing of the decoder blocks: one non-reentrant checkpoint per block
+    (transformers' own wrapper), or with ``every_blocks`` > 1 (``engine.checkpoint_every_blocks``)
+    one per ``every_blocks`` consecutive ``blocks`` (`graft.engine.checkpoint_groups`).
 
     transformers 5.23 renamed ``gradient_checkpointing_enable`` to
     ``activation_checkpointing_enable`` (the old name warns until v6) and moved the checkpoint
@@ -42,6 +47,12 @@ def apply_activation_checkpointing(model: torch.nn.Module) -> None:
     outside the checkpoint, and a compiled block (`apply_compile`) compiles the checkpoint with
     it. Either way the backward recomputes each block from its inputs.
     """
+    if every_blocks > 1:
+        if not blocks:
+            raise ValueError("apply_activation_checkpointing: every_blocks > 1 needs the blocks")
+        groups = apply_checkpoint_groups(list(blocks), every_blocks)
+        logger.debug("checkpointing %d blocks in %d groups", len(blocks), groups)
+        return
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:  # transformers >= 5.23
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -171,9 +182,11 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
     empty = any(p.is_meta for p in model.parameters())
     if not empty:
         model.to(device)
+    apply_memory_settings(model, family, cfg.engine)
     custom = family.parallelize or parallelize_standard
     result = call_with_keywords(custom, model=model, family=family, cfg=cfg, mesh=mesh,
                                 device=device, role=role, meshes=meshes)
+    check_checkpoint_groups(model, family, cfg.engine)
     if empty:
         materialize(result, device)
     if model not in _PRE_SHARDED:
@@ -183,6 +196,34 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
                           f"checkpointing, before fully_shard), so graft_pre_shard plugins would "
                           f"be skipped")
     return result
+
+
+def apply_memory_settings(model: torch.nn.Module, family: ModelFamily, engine: Any) -> None:
+    """Before any family's ``parallelize``: tile the dense MLPs (``engine.mlp_chunk_tokens``,
+    `graft.engine.tiled_mlp`); ``engine.checkpoint_every_blocks`` > 1 without
+    ``engine.activation_checkpointing`` is a `ConfigError`."""
+    every = getattr(engine, "checkpoint_every_blocks", 1)
+    if every > 1 and not engine.activation_checkpointing:
+        raise ConfigError(f"engine.checkpoint_every_blocks={every} groups activation "
+                          f"checkpoints, which are off: set engine.activation_checkpointing=true "
+                          f"or engine.checkpoint_every_blocks=1")
+    chunk = getattr(engine, "mlp_chunk_tokens", 0)
+    if chunk:
+        routers = family.router_modules(model) if family.router_modules else ()
+        tiled = apply_tiled_mlp(list(family.decoder_blocks(model)), chunk, routers)
+        logger.debug("engine.mlp_chunk_tokens=%d: %d dense MLPs tiled", chunk, tiled)
+
+
+def check_checkpoint_groups(model: torch.nn.Module, family: ModelFamily, engine: Any) -> None:
+    """`ConfigError` when ``engine.checkpoint_every_blocks`` > 1 but the family's
+    ``parallelize`` checkpointed the blocks one by one (it did not pass the setting on to
+    `apply_activation_checkpointing`)."""
+    every = getattr(engine, "checkpoint_every_blocks", 1)
+    if every > 1 and not checkpoint_groups_applied(list(family.decoder_blocks(model))):
+        raise ConfigError(f"engine.checkpoint_every_blocks={every}: the model family "
+                          f"{family.model_type!r} checkpoints its blocks one by one (its "
+                          f"parallelize does not pass every_blocks to "
+                          f"apply_activation_checkpointing); set engine.checkpoint_every_blocks=1")
 
 
 def materialize(model: torch.nn.Module, device: torch.device) -> None:
@@ -208,7 +249,8 @@ def parallelize_standard(model: torch.nn.Module, family: ModelFamily, *, cfg: An
     engine = cfg.engine
     blocks = list(family.decoder_blocks(model))
     if engine.activation_checkpointing:
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, every_blocks=engine.checkpoint_every_blocks,
+                                       blocks=blocks)
     if engine.compile:
         apply_compile(blocks, dynamic=False if engine.pad_to_length else None)
     apply_pre_shard_hooks(model, cfg=cfg, mesh=mesh, role=role, meshes=meshes)

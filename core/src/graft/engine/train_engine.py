@@ -174,7 +174,8 @@ class TrainEngine:
                                   layout=batch.layout, cfg=self.cfg, phase=phase)
         logp, entropy = forward_logprobs(self.model, self.family, batch,
                                          compute_dtype=self.compute_dtype,
-                                         with_entropy=with_entropy)
+                                         with_entropy=with_entropy,
+                                         chunk_tokens=self.cfg.engine.logprob_chunk_tokens)
         kept = hook.graft_post_forward(batch=batch.tensors, layout=batch.layout, phase=phase,
                                        cfg=self.cfg)
         cpu_batch.keep(merge_kept(kept))
