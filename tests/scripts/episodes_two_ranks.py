@@ -2,7 +2,8 @@
 the busiest rank's turns (the embedded engine's decode steps are FSDP collectives; a rank that
 stopped early would leave the other waiting forever).
 
-usage: torchrun --nproc-per-node 2 episodes_two_ranks.py RUN_DIR
+usage: torchrun --nproc-per-node 2 episodes_two_ranks.py RUN_DIR [ENGINE]
+(ENGINE: rollout.engine, default embedded; vllm gathers every rank's prompts on rank 0)
 """
 
 from __future__ import annotations
@@ -39,17 +40,18 @@ class Plugin:
         return {"rank-turns": RankTurns}
 
 
-def main(run_dir: str) -> None:
+def main(run_dir: str, engine: str = "embedded") -> None:
     with registered_plugin(Plugin(), "rank-turns"):
         metrics = graft.train(overrides=[
             f"trainer.run_dir={run_dir}", "engine.device=cpu", "model.preset=tiny-llama",
             "trainer.total_steps=2", "rollout.prompts_per_step=4", "rollout.n=2",
             "rollout.max_new_tokens=3", "rollout.environment=rank-turns", "rollout.max_turns=4",
-            "rollout.decode=dynamic", "checkpoint.every_steps=0", "checkpoint.save_at_end=false",
+            "rollout.decode=dynamic", f"rollout.engine={engine}", "checkpoint.every_steps=0",
+            "checkpoint.save_at_end=false",
             "export.hf_at_end=false", "trainer.print_sample_every_steps=0"])
     if os.environ.get("RANK", "0") == "0":
         print("METRICS " + json.dumps(metrics))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

@@ -273,7 +273,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = bounded(0.3, gt=0.0, le=1.0)
     max_model_len: int = bounded(1024, ge=1)
     # Multi-turn episodes with an environment plugin's tools (graft_environments; graft
-    # plugins lists them), embedded engine; none = one response per prompt.
+    # plugins lists them), on any rollout engine; none = one response per prompt.
     environment: str = choice("none", ("none",), registry="environments")
     # With an environment: model turns per episode; tokens per episode after the prompt
     # (model and environment; each turn at most max_new_tokens); seconds per environment call

@@ -70,18 +70,8 @@ def gspo_has_no_dual_clip(cfg: Any, manager: GraftPluginManager) -> None:
     check_gspo_config(cfg)
 
 
-def environments_need_the_embedded_engine(cfg: Any, manager: GraftPluginManager) -> None:
-    """``rollout.environment`` runs its episodes on the embedded engine only (the vLLM engine
-    has no multi-turn loop yet)."""
-    if cfg.rollout.environment != "none" and cfg.rollout.engine == "vllm":
-        raise ConfigError(f"rollout.environment={cfg.rollout.environment!r} runs multi-turn "
-                          f"episodes on the embedded engine only; set rollout.engine=embedded "
-                          f"or rollout.environment=none")
-
-
 RULES: tuple[Callable[[Any, GraftPluginManager], None], ...] = (
-    group_estimator_needs_groups, expert_parallel_needs_a_family, gspo_has_no_dual_clip,
-    environments_need_the_embedded_engine)
+    group_estimator_needs_groups, expert_parallel_needs_a_family, gspo_has_no_dual_clip)
 
 
 def validate_config(cfg: Any, manager: GraftPluginManager) -> None:

@@ -6,7 +6,9 @@ generated, then the environment's answer is appended as rendered
 (`graft.rollout.observations`). A loss mask marks the model's tokens; the engine's log-probs
 are kept for them (0 under the environment's tokens, which the mask excludes). Every active
 episode of a rank generates its turn in one batch; with several ranks every rank runs as many
-turns as the busiest (the embedded engine's decode steps are collectives).
+turns as the busiest (the embedded engine's decode steps are collectives, the vLLM engine
+gathers every rank's prompts on rank 0). Any `graft.rollout.types.RolloutEngine` serves: a turn
+is one ``generate`` of token ids.
 """
 
 from __future__ import annotations
