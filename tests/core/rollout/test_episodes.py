@@ -195,10 +195,16 @@ class BadReset(OneTurn):
         raise ValueError("no such task")
 
 
+class CannotStart(OneTurn):
+    def __init__(self) -> None:
+        raise OSError("sandbox unavailable")
+
+
 @pytest.mark.parametrize("factory, reason", [
     (Raises, "raised RuntimeError: tool crashed"), (Hangs, "took longer than"),
     (Garbled, "not (observation, reward, done)"), (OutOfVocabulary, "outside the tokenizer"),
-    (BadReset, "raised ValueError: no such task")])
+    (BadReset, "raised ValueError: no such task"),
+    (CannotStart, "raised OSError: sandbox unavailable")])
 def test_a_broken_environment_ends_its_episode_with_reward_0(engine_and_tokenizer, factory,
                                                             reason, caplog) -> None:
     started = time.perf_counter()
@@ -206,7 +212,7 @@ def test_a_broken_environment_ends_its_episode_with_reward_0(engine_and_tokenize
     assert time.perf_counter() - started < 2.5  # the hung calls were not waited for
     assert batch.rewards == [0.0, 0.0] and batch.metrics["rollout/env_errors"] == 2.0
     assert batch.scored == [False, False] and reason in caplog.text
-    turns = 0 if factory is BadReset else 1
+    turns = 0 if factory in (BadReset, CannotStart) else 1
     assert batch.metrics["rollout/turns_mean"] == turns
     assert all(len(s.response_ids) == len(s.logprobs) == len(s.loss_mask) for s in batch.samples)
 

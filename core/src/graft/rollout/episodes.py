@@ -137,11 +137,13 @@ class EpisodeRunner:
                             [e.needs_score() for e in episodes], self._metrics(episodes))
 
     def _start(self, samples: Sequence[Any], prompts: Sequence[list[int]]) -> list[Episode]:
-        envs = [self.make() for _ in samples]
         started = time.perf_counter()
-        resets = call_all([(env.reset, (sample,)) for env, sample in zip(envs, samples,
-                                                                         strict=True)],
-                          self.limits.timeout_s)
+        envs = call_all([(self.make, ()) for _ in samples], self.limits.timeout_s)
+        built = [i for i, env in enumerate(envs) if not isinstance(env, EnvFailure)]
+        resets = list(envs)  # a factory's failure stands for its reset's
+        for index, value in zip(built, call_all([(envs[i].reset, (samples[i],)) for i in built],
+                                                self.limits.timeout_s), strict=True):
+            resets[index] = value
         self.env_s += time.perf_counter() - started
         episodes = []
         for env, sample, prompt, value in zip(envs, samples, prompts, resets, strict=True):
