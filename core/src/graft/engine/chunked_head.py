@@ -107,8 +107,9 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         hidden, labels, inv_temperature, lse, entropy, *params = ctx.saved_tensors
         wants_hidden = ctx.needs_input_grad[0]
         grad_hidden = torch.zeros_like(hidden) if wants_hidden else None
-        # summed over the chunks in fp32 (a bf16 sum of 32 chunks would round 32 times)
-        grad_params = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in params]
+        # summed over the chunks in fp32 (a bf16 sum of 32 chunks would round 32 times); the
+        # first chunk's gradient is the sum's storage (no copy of an fp32 parameter's)
+        grad_params: list[torch.Tensor | None] = [None] * len(params)
         if entropy.numel() == 0:
             grad_entropy = None
         if grad_logp is None and grad_entropy is None:
@@ -127,12 +128,15 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
             if wants_hidden:
                 grad_hidden[part] = grads[0]
                 grads = grads[1:]
-            for total, grad in zip(grad_params, grads, strict=True):
-                if grad is not None:
-                    total += grad
+            for index, grad in enumerate(grads):
+                if grad is None:
+                    continue
+                total = grad_params[index]
+                grad_params[index] = grad.float() if total is None else total.add_(grad)
             del logits, grad_logits, grads
         return (grad_hidden, None, None, None, None, None,
-                *[g.to(p.dtype) for g, p in zip(grad_params, params, strict=True)])
+                *[None if g is None else g.to(p.dtype)
+                  for g, p in zip(grad_params, params, strict=True)])
 
 
 def chunked_head_logprobs(head: torch.nn.Module | Head, hidden: torch.Tensor,

@@ -52,8 +52,9 @@ class _TiledMLP(torch.autograd.Function):
         flat = x.reshape(-1, x.shape[-1])
         grad_flat = grad_out.reshape(-1, grad_out.shape[-1])
         grad_x = torch.empty_like(flat)
-        # summed over the chunks in fp32, whatever the parameters' dtype
-        grad_params = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in params]
+        # summed over the chunks in fp32, whatever the parameters' dtype (the first chunk's
+        # gradient is the sum's storage)
+        grad_params: list[torch.Tensor | None] = [None] * len(params)
         forward = type(ctx.mlp).forward
         for part in _token_chunks(flat.shape[0], ctx.chunk_tokens):
             with torch.enable_grad():
@@ -61,12 +62,15 @@ class _TiledMLP(torch.autograd.Function):
                 out = forward(ctx.mlp, chunk)
             grads = torch.autograd.grad(out, [chunk, *params], grad_flat[part], allow_unused=True)
             grad_x[part] = grads[0]
-            for total, grad in zip(grad_params, grads[1:], strict=True):
-                if grad is not None:
-                    total += grad
+            for index, grad in enumerate(grads[1:]):
+                if grad is None:
+                    continue
+                total = grad_params[index]
+                grad_params[index] = grad.float() if total is None else total.add_(grad)
             del out, grads
         return (None, None, grad_x.reshape(x.shape),
-                *[g.to(p.dtype) for g, p in zip(grad_params, params, strict=True)])
+                *[None if g is None else g.to(p.dtype)
+                  for g, p in zip(grad_params, params, strict=True)])
 
 
 def _tiled_forward(self: torch.nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,373 @@
+"""Long sequences on one GPU: peak memory and step time of an 8B-class model with the real loss.
+
+Model: transformers ``LlamaForCausalLM`` with Llama-3-8B shapes (hidden 4096, MLP 14336, 32
+layers, 32 heads / 8 KV heads of 128, vocab 128,256), bf16 random weights on the meta device
+materialised on the GPU (as bench/offload.py), one plain module, weight gradients dropped as
+they are accumulated (as FSDP2 frees them after its reduce-scatter). A step is the forward and
+backward of one sequence with the real loss: the mean log-prob of every position's label
+(temperature 1), no optimizer step.
+
+Variants, each built from the core's own pieces:
+  ``today``          per-block activation checkpointing, the whole logits, ``token_logprobs``
+                     (``engine.logprob_chunk_tokens=0``)
+  ``chunked``        + log-probs from the hidden states in chunks (`graft.engine.chunked_head`,
+                     ``--logprob-chunk`` tokens, the default of ``engine.logprob_chunk_tokens``)
+  ``chunked+offload``   + graft-offload on the 32 blocks (its defaults; skipped when the
+                     plugin is not installed)
+  ``chunked+tiled``     + tiled MLP (`graft.engine.tiled_mlp`, ``--mlp-chunk`` tokens)
+  ``chunked+tiled+groups``  + ``--every`` blocks per checkpoint (`graft.engine.checkpoint_groups`)
+  ``chunked+offload+tiled`` / ``chunked+offload+tiled+groups``: all of them
+  ``liger``          Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss`` on the hidden states
+                     (when importable; not a dependency)
+
+Peak GiB at 8K / 32K / 64K / 128K per variant (a length that runs out of memory is recorded as
+such and the variant's longer lengths skipped), step time at 8K and 32K (one warm-up step, then
+``--steps``), the slope in GiB per 1K tokens and the fixed GiB from a least-squares line through
+each variant's peaks, the largest length that fits the GPU extrapolated from it, and one confirmed
+run of the best variant at the longest length that fits both the extrapolation and the time left
+(``--budget-s``; attention is quadratic). The result names them ``largest_tokens_extrapolated``
+and ``confirmed_tokens``.
+
+    python bench/long_context.py --out $OUT/long_context.json          # one H200
+    python bench/long_context.py --variants chunked+offload+tiled+groups --lengths 65536 131072 \
+        --timed-lengths 0 --out $OUT/long_context_confirm.json   # the confirmed long run
+    python bench/long_context.py --tiny --device cpu --out /tmp/lc.json   # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import time
+import traceback
+
+import torch
+
+SHAPES_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+             "vocab_size": 128256, "max_position_embeddings": 1 << 20}
+SHAPES_TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+               "vocab_size": 512, "max_position_embeddings": 8192}
+LENGTHS = (8192, 32768, 65536, 131072)
+TINY_LENGTHS = (128, 256, 384, 512)
+VARIANTS = ("today", "chunked", "chunked+offload", "chunked+tiled", "chunked+tiled+groups",
+            "chunked+offload+tiled", "chunked+offload+tiled+groups", "liger")
+
+
+def build_model(shapes: dict, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """Random weights on ``device`` (meta first, so an 8B model needs no host copy)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("llama", **shapes, tie_word_embeddings=False, use_cache=False)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.fill_(1.0) if "norm" in name else param.normal_(0.0, 0.02, generator=generator)
+    with torch.device(device):  # to_empty left the rotary buffers uninitialised: rebuild them
+        model.model.rotary_emb = type(model.model.rotary_emb)(model.config)
+    for param in model.parameters():
+        param.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+    return model.train()
+
+
+class Layout:
+    """Switches one model between the variants' memory layouts, in place."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, tiny: bool) -> None:
+        self.model, self.device, self.tiny = model, device, tiny
+        self.blocks = list(model.model.layers)
+        self.offloader = None
+        self.state = ("", 0, 0)
+
+    def offload_available(self) -> bool:
+        return importlib.util.find_spec("graft_offload") is not None
+
+    def use(self, *, offload: bool, mlp_chunk: int, every: int) -> None:
+        """Per-block (``every`` 1) or grouped checkpoints, the MLP tiled or whole, the blocks
+        routed through graft-offload or not."""
+        from graft.engine.checkpoint_groups import GROUP_ATTRIBUTE, apply_checkpoint_groups
+        from graft.engine.tiled_mlp import TILED_ATTRIBUTE, apply_tiled_mlp
+
+        for block in self.blocks:  # back to plain blocks and MLPs
+            for module, attribute in ((block, GROUP_ATTRIBUTE), (block.mlp, TILED_ATTRIBUTE)):
+                if hasattr(module, attribute):
+                    delattr(module, attribute)
+                    del module.forward
+        self.model.gradient_checkpointing_disable()
+        self._route(offload)
+        if every > 1:
+            apply_checkpoint_groups(self.blocks, every)
+        else:
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        if mlp_chunk:
+            apply_tiled_mlp(self.blocks, mlp_chunk)
+
+    def _route(self, offload: bool) -> None:
+        if not offload and self.offloader is None:
+            return
+        from graft_offload.patching import route_calls, unroute_calls
+        from graft_offload.runtime import apply_offload
+
+        if self.offloader is None:
+            backend = None
+            if self.tiny or self.device.type != "cuda":
+                from graft_offload.standin import DeferredCopyBackend
+
+                backend = DeferredCopyBackend()
+            self.offloader = apply_offload(
+                [(f"model.layers.{i}", b) for i, b in enumerate(self.blocks)], device=self.device,
+                backend=backend, min_tensor_bytes=0 if self.tiny else 2**20)
+            self.routed = True
+        if offload != self.routed:
+            route_calls(self.blocks, self.offloader) if offload else unroute_calls(self.blocks)
+            self.routed = offload
+
+
+def loss_of(model: torch.nn.Module, ids: torch.Tensor, variant: str,
+            logprob_chunk: int) -> torch.Tensor:
+    """Minus the mean log-prob of every position's label (the next token; the last position's
+    label wraps to the first token, so every position has one)."""
+    from graft.engine.chunked_head import chunked_head_logprobs
+    from graft.engine.forward import head_inputs, head_parameters
+    from graft.engine.logprobs import token_logprobs
+
+    labels = ids.roll(-1, dims=1)
+    if variant == "today":
+        logits = model(input_ids=ids, use_cache=False).logits
+        return -token_logprobs(logits, labels).mean()
+    with head_inputs(model) as captured:
+        model(input_ids=ids, use_cache=False)
+    hidden = captured["hidden"]
+    if variant == "liger":
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        return LigerFusedLinearCrossEntropyLoss()(model.lm_head.weight,
+                                                  hidden.reshape(-1, hidden.shape[-1]),
+                                                  labels.reshape(-1))
+    logp, _ = chunked_head_logprobs(model.lm_head, hidden, labels, None,
+                                    chunk_tokens=logprob_chunk, params=head_parameters(model))
+    return -logp.mean()
+
+
+def layout_of(variant: str, args: argparse.Namespace) -> dict:
+    return {"offload": "offload" in variant,
+            "mlp_chunk": args.mlp_chunk if "tiled" in variant else 0,
+            "every": args.every if "groups" in variant else 1}
+
+
+def available(variant: str, layout: Layout) -> str | None:
+    """Why ``variant`` cannot run here, or None."""
+    if "offload" in variant and not layout.offload_available():
+        return "graft-offload not installed"
+    if variant == "liger" and importlib.util.find_spec("liger_kernel") is None:
+        return "liger-kernel not importable"
+    if variant == "liger" and layout.device.type != "cuda":
+        return "liger-kernel needs a GPU (Triton)"
+    return None
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(layout: Layout, variant: str, tokens: int, args: argparse.Namespace,
+            timed: bool) -> dict:
+    """One row: peak GPU memory of a step (and its time, after a warm-up, when ``timed``)."""
+    device, vocab = layout.device, layout.model.config.vocab_size
+    layout.use(**layout_of(variant, args))
+    ids = torch.randint(0, vocab, (1, tokens), device=device,
+                        generator=torch.Generator(device=device).manual_seed(tokens))
+    cuda = device.type == "cuda"
+
+    losses: list[torch.Tensor] = []
+
+    def step() -> None:
+        if layout.offloader is not None and layout.routed:
+            layout.offloader.begin_step()
+        loss = loss_of(layout.model, ids, variant, args.logprob_chunk)
+        loss.backward()
+        losses.append(loss.detach())
+        if layout.offloader is not None and layout.routed:
+            if not cuda:
+                layout.offloader.backend.synchronize()
+            layout.offloader.end_step()
+
+    if timed:
+        step()
+    sync(device)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    steps = args.steps if timed else 1
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    seconds = (time.perf_counter() - started) / steps
+    row = {"variant": variant, "tokens": tokens, "status": "ok", **layout_of(variant, args),
+           "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
+           "loss": float(losses[-1])}  # the same ids at a length: every variant's should agree
+    if timed:
+        row.update(step_s=round(seconds, 4), tokens_per_s=round(tokens / seconds))
+    return row
+
+
+def fit_line(rows: list[dict], variant: str, capacity_gib: float) -> dict | None:
+    """Least-squares peak = fixed + slope * tokens through ``variant``'s rows, and the largest
+    length (a multiple of 1024) it leaves under ``capacity_gib``."""
+    points = [(r["tokens"], r["peak_gib"]) for r in rows
+              if r["variant"] == variant and r["status"] == "ok" and r.get("peak_gib") is not None]
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mean_t, mean_p = sum(t for t, _ in points) / n, sum(p for _, p in points) / n
+    slope = (sum((t - mean_t) * (p - mean_p) for t, p in points)
+             / sum((t - mean_t) ** 2 for t, _ in points))
+    fixed = mean_p - slope * mean_t
+    largest = int((capacity_gib - fixed) / slope) // 1024 * 1024 if slope > 0 else None
+    return {"variant": variant, "gib_per_1k_tokens": round(slope * 1024, 4),
+            "fixed_gib": round(fixed, 2), "largest_tokens_extrapolated": largest,
+            "from_lengths": sorted(t for t, _ in points)}
+
+
+def step_seconds(rows: list[dict], variant: str, tokens: int) -> float | None:
+    """A step at ``tokens`` from ``variant``'s timed rows: ``a t + b t^2`` through the two
+    longest (attention is quadratic), or linear from one."""
+    timed = sorted((r["tokens"], r["step_s"]) for r in rows
+                   if r["variant"] == variant and "step_s" in r)
+    if not timed:
+        return None
+    if len(timed) == 1:
+        t, s = timed[0]
+        return s * tokens / t
+    (t1, s1), (t2, s2) = timed[-2:]
+    b = (s2 / t2 - s1 / t1) / (t2 - t1)
+    a = s1 / t1 - b * t1
+    return max(a, 0.0) * tokens + max(b, 0.0) * tokens ** 2
+
+
+def run(args: argparse.Namespace) -> dict:
+    device = torch.device(args.device)
+    shapes = SHAPES_TINY if args.tiny else SHAPES_8B
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    started = time.perf_counter()
+    model = build_model(shapes, device, dtype)
+    layout = Layout(model, device, args.tiny)
+    lengths = tuple(args.lengths) if args.lengths else TINY_LENGTHS if args.tiny else LENGTHS
+    capacity = (torch.cuda.get_device_properties(device).total_memory / 2**30 * args.usable
+                if device.type == "cuda" else None)
+    rows: list[dict] = []
+    for variant in args.variants:
+        reason = available(variant, layout)
+        if reason:
+            rows.append({"variant": variant, "status": f"skipped ({reason})"})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        for index, tokens in enumerate(lengths):
+            if time.perf_counter() - started > args.budget_s * 0.7:
+                rows.append({"variant": variant, "tokens": tokens, "status": "skipped (budget)"})
+                continue
+            try:
+                rows.append(measure(layout, variant, tokens, args,
+                                    timed=index < args.timed_lengths))
+            except torch.OutOfMemoryError:
+                rows.append({"variant": variant, "tokens": tokens, "status": "oom"})
+            except Exception as exc:  # a variant that breaks is recorded, the others still run
+                rows.append({"variant": variant, "tokens": tokens,
+                             "status": f"error: {type(exc).__name__}: {exc}"[:500]})
+                traceback.print_exc()
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            print(json.dumps(rows[-1]), flush=True)
+            if rows[-1]["status"] != "ok":
+                break
+    fits = [f for f in (fit_line(rows, v, capacity or 0.0) for v in args.variants) if f]
+    result = {"shapes": shapes, "device": str(device), "dtype": str(dtype),
+              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+              "capacity_gib": capacity, "logprob_chunk_tokens": args.logprob_chunk,
+              "mlp_chunk_tokens": args.mlp_chunk, "checkpoint_every_blocks": args.every,
+              "rows": rows, "fits": fits}
+    result.update(compare_times(rows))
+    if capacity is not None and fits:
+        result.update(confirm(layout, rows, fits, args, started, lengths))
+    return result
+
+
+def compare_times(rows: list[dict]) -> dict:
+    """Each variant's step time against ``today``'s (and Liger's) at the timed lengths."""
+    base = {r["tokens"]: r["step_s"] for r in rows if r["variant"] == "today" and "step_s" in r}
+    liger = {r["tokens"]: r["step_s"] for r in rows if r["variant"] == "liger" and "step_s" in r}
+    out = {}
+    for r in rows:
+        if "step_s" in r and r["tokens"] in base:
+            out.setdefault(r["variant"], {})[str(r["tokens"])] = {
+                "vs_today": round(r["step_s"] / base[r["tokens"]] - 1, 4),
+                **({"vs_liger": round(r["step_s"] / liger[r["tokens"]] - 1, 4)}
+                   if r["tokens"] in liger else {})}
+    return {"step_time_vs_today": out}
+
+
+def confirm(layout: Layout, rows: list[dict], fits: list[dict], args: argparse.Namespace,
+            started: float, lengths: tuple[int, ...]) -> dict:
+    """One run of the variant that extrapolates longest, at the longest multiple of 8K within
+    both its extrapolation and the time left."""
+    best = max(fits, key=lambda f: f["largest_tokens_extrapolated"] or 0)
+    tokens = (best["largest_tokens_extrapolated"] or 0) // 8192 * 8192
+    left = args.budget_s - (time.perf_counter() - started)
+    while tokens > lengths[-1]:
+        estimate = step_seconds(rows, best["variant"], tokens)
+        if estimate is not None and estimate * 1.3 < left:
+            break
+        tokens -= 8192
+    out = {"largest_tokens_extrapolated": best["largest_tokens_extrapolated"],
+           "largest_variant": best["variant"], "confirmed_tokens": None}
+    if tokens <= lengths[-1]:
+        out["confirm_status"] = "no time for a length beyond the measured ones"
+        return out
+    try:
+        begun = time.perf_counter()
+        row = measure(layout, best["variant"], tokens, args, timed=False)
+        row["wall_s"] = round(time.perf_counter() - begun, 1)  # one untimed step, cold
+        out.update(confirmed_tokens=tokens, confirmed_row=row)
+    except torch.OutOfMemoryError:
+        out.update(confirm_status=f"oom at {tokens}")
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke test)")
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--logprob-chunk", type=int, default=4096)
+    parser.add_argument("--mlp-chunk", type=int, default=8192)
+    parser.add_argument("--every", type=int, default=2, help="blocks per checkpoint (groups)")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--lengths", type=int, nargs="*", default=None,
+                        help="sequence lengths (default 8K 32K 64K 128K; --tiny: 128..512)")
+    parser.add_argument("--timed-lengths", type=int, default=2,
+                        help="the first this many lengths are timed (8K and 32K)")
+    parser.add_argument("--usable", type=float, default=0.97,
+                        help="share of the GPU's memory the extrapolation may fill")
+    parser.add_argument("--budget-s", type=float, default=540.0)
+    args = parser.parse_args()
+    if args.tiny:
+        args.logprob_chunk, args.mlp_chunk = min(args.logprob_chunk, 128), min(args.mlp_chunk, 96)
+    result = run(args)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("rows", "shapes")}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
