@@ -19,8 +19,9 @@ def parallelize_with_experts(model, family, *, cfg, mesh, device, role, meshes):
     )
 
     engine = cfg.engine
-    if engine.activation_checkpointing:
-        apply_activation_checkpointing(model)
+    if engine.activation_checkpointing:  # every_blocks: engine.checkpoint_every_blocks
+        apply_activation_checkpointing(model, every_blocks=engine.checkpoint_every_blocks,
+                                       blocks=list(family.decoder_blocks(model)))
     apply_pre_shard_hooks(model, cfg=cfg, mesh=mesh, role=role, meshes=meshes)
     blocks = list(family.decoder_blocks(model))
     experts = [block.mlp.experts for block in blocks if hasattr(block.mlp, "experts")]
