@@ -83,7 +83,7 @@ class Layout:
         self.model, self.device, self.tiny = model, device, tiny
         self.blocks = list(model.model.layers)
         self.offloader = None
-        self.state = ("", 0, 0)
+        self.routed = False
 
     def offload_available(self) -> bool:
         return importlib.util.find_spec("graft_offload") is not None
