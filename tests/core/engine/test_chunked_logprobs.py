@@ -130,16 +130,17 @@ def test_entropy_gradient_matches_float64() -> None:
 
 def test_one_chunk_is_bit_identical_to_whole_logits() -> None:
     """A micro-batch no longer than a chunk (the tests', the default 4096 on short RL batches)
-    gives today's log-probs and gradients bit for bit."""
+    gives today's log-probs, entropy and gradients bit for bit."""
     model, family = build("tiny-llama")
     batch = micro_batch(family, model.config.vocab_size)
     runs = []
     for chunk in (0, 4096):
-        logp, _ = forward_logprobs(model, family, batch, compute_dtype=torch.float32,
-                                   chunk_tokens=chunk)
-        runs.append((logp, grads_of(model, (logp * batch.tensors["loss_mask"]).sum())))
-    (logp0, grads0), (logp1, grads1) = runs
-    assert torch.equal(logp0, logp1)
+        logp, entropy = forward_logprobs(model, family, batch, compute_dtype=torch.float32,
+                                         chunk_tokens=chunk, with_entropy=True)
+        runs.append((logp, entropy.detach(),
+                     grads_of(model, (logp * batch.tensors["loss_mask"]).sum())))
+    (logp0, entropy0, grads0), (logp1, entropy1, grads1) = runs
+    assert torch.equal(logp0, logp1) and torch.equal(entropy0, entropy1)
     assert all(torch.equal(grads0[n], grads1[n]) for n in grads0)
 
 

@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 import torch
 
-from graft.engine.logprobs import _backward_math, _chunks, _forward_math, _fused
+from graft.engine.logprobs import (_backward_math, _chunks, _forward_math, _fused,
+                                   rows_entropy)
 
 Head = Callable[[torch.Tensor], torch.Tensor]
 
@@ -28,13 +29,6 @@ Head = Callable[[torch.Tensor], torch.Tensor]
 def _token_chunks(num_tokens: int, chunk_tokens: int) -> list[slice]:
     return [slice(start, min(start + chunk_tokens, num_tokens))
             for start in range(0, num_tokens, chunk_tokens)]
-
-
-def _entropy(logits: torch.Tensor, inv_temperature: torch.Tensor,
-             lse: torch.Tensor) -> torch.Tensor:
-    """``H = lse - sum(p * scaled)`` of ``softmax(logits * inv_temperature)``, fp32."""
-    scaled = logits.float() * inv_temperature[:, None]
-    return lse - (torch.exp(scaled - lse[:, None]) * scaled).sum(-1)
 
 
 def _entropy_grad(logits: torch.Tensor, inv_temperature: torch.Tensor, lse: torch.Tensor,
@@ -56,7 +50,7 @@ def _chunk_forward(logits: torch.Tensor, labels: torch.Tensor, inv_temperature: 
         if not fused:
             logp[rows], lse[rows] = _forward_math(logits[rows], labels[rows], inv_temperature[rows])
         if entropy is not None:
-            entropy[rows] = _entropy(logits[rows], inv_temperature[rows], lse[rows])
+            entropy[rows] = rows_entropy(logits[rows], inv_temperature[rows])
 
 
 def _chunk_grad(logits: torch.Tensor, labels: torch.Tensor, inv_temperature: torch.Tensor,

@@ -95,7 +95,12 @@ def token_entropy(logits: torch.Tensor, temperature: torch.Tensor | None = None)
                        else 1.0 / temperature.float().reshape(-1))
     out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
     for part in _chunks(*flat.shape):
-        scaled = flat[part].float() * inv_temperature[part, None]
-        logp = torch.log_softmax(scaled, dim=-1)
-        out[part] = -(logp.exp() * logp).sum(-1)
+        out[part] = rows_entropy(flat[part], inv_temperature[part])
     return out.reshape(logits.shape[:-1])
+
+
+def rows_entropy(logits: torch.Tensor, inv_temperature: torch.Tensor) -> torch.Tensor:
+    """Entropy (fp32) of ``softmax(logits * inv_temperature)`` for each row of 2-D ``logits``:
+    the one formula of the whole-logits and the chunked (`graft.engine.chunked_head`) paths."""
+    logp = torch.log_softmax(logits.float() * inv_temperature[:, None], dim=-1)
+    return -(logp.exp() * logp).sum(-1)
