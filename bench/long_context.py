@@ -15,15 +15,21 @@ Variants, each built from the core's own pieces:
   ``chunked+offload``   + graft-offload on the 32 blocks (its defaults; skipped when the
                      plugin is not installed)
   ``chunked+tiled``     + tiled MLP (`graft.engine.tiled_mlp`, ``--mlp-chunk`` tokens)
-  ``chunked+tiled+groups``  + ``--every`` blocks per checkpoint (`graft.engine.checkpoint_groups`)
-  ``chunked+offload+tiled`` / ``chunked+offload+tiled+groups``: all of them
+  ``chunked+tiled+norms``   + the blocks' norms recomputed in backward
+                     (`graft.engine.recomputed_norms`)
+  ``chunked+tiled+groups``  + ``--every`` blocks per checkpoint (`graft.engine.checkpoint_groups`:
+                     two-level, each block of a group checkpointed again in its replay)
+  ``chunked+offload+tiled`` / ``chunked+offload+tiled+norms`` /
+  ``chunked+offload+tiled+norms+groups``: the pieces together
   ``liger``          Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss`` on the hidden states
                      (when importable; not a dependency)
 
 Peak GiB at 8K / 32K / 64K / 128K per variant (a length that runs out of memory is recorded as
 such and the variant's longer lengths skipped), step time at 8K and 32K (one warm-up step, then
 ``--steps``), the slope in GiB per 1K tokens and the fixed GiB from a least-squares line through
-each variant's peaks, the largest length that fits the GPU extrapolated from it, and one confirmed
+each variant's peaks, the same line through the host memory the offload holds (its pool after the
+step), the largest length that fits both the GPU and ``--host-limit-gb`` of host memory
+extrapolated from them, and one confirmed
 run of the best variant at the longest length that fits both the extrapolation and the time left
 (``--budget-s``; attention is quadratic). The result names them ``largest_tokens_extrapolated``
 and ``confirmed_tokens``.
@@ -53,8 +59,8 @@ SHAPES_TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers":
                "vocab_size": 512, "max_position_embeddings": 8192}
 LENGTHS = (8192, 32768, 65536, 131072)
 TINY_LENGTHS = (128, 256, 384, 512)
-VARIANTS = ("today", "chunked", "chunked+offload", "chunked+tiled", "chunked+tiled+groups",
-            "chunked+offload+tiled", "chunked+offload+tiled+groups", "liger")
+VARIANTS = ("today", "chunked", "liger", "chunked+offload+tiled", "chunked+offload+tiled+norms",
+            "chunked+offload+tiled+norms+groups")
 
 
 def build_model(shapes: dict, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -79,8 +85,10 @@ def build_model(shapes: dict, device: torch.device, dtype: torch.dtype) -> torch
 class Layout:
     """Switches one model between the variants' memory layouts, in place."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, tiny: bool) -> None:
+    def __init__(self, model: torch.nn.Module, device: torch.device, tiny: bool,
+                 host_limit_bytes: int) -> None:
         self.model, self.device, self.tiny = model, device, tiny
+        self.host_limit_bytes = host_limit_bytes
         self.blocks = list(model.model.layers)
         self.offloader = None
         self.routed = False
@@ -88,17 +96,21 @@ class Layout:
     def offload_available(self) -> bool:
         return importlib.util.find_spec("graft_offload") is not None
 
-    def use(self, *, offload: bool, mlp_chunk: int, every: int) -> None:
-        """Per-block (``every`` 1) or grouped checkpoints, the MLP tiled or whole, the blocks
-        routed through graft-offload or not."""
+    def use(self, *, offload: bool, mlp_chunk: int, every: int, norms: bool) -> None:
+        """Per-block (``every`` 1) or grouped checkpoints, the MLP tiled or whole, the norms
+        recomputed or not, the blocks routed through graft-offload or not."""
         from graft.engine.checkpoint_groups import GROUP_ATTRIBUTE, apply_checkpoint_groups
+        from graft.engine.recomputed_norms import (RECOMPUTED_ATTRIBUTE, apply_recomputed_norms,
+                                                   block_norms)
         from graft.engine.tiled_mlp import TILED_ATTRIBUTE, apply_tiled_mlp
 
-        for block in self.blocks:  # back to plain blocks and MLPs
-            for module, attribute in ((block, GROUP_ATTRIBUTE), (block.mlp, TILED_ATTRIBUTE)):
-                if hasattr(module, attribute):
-                    delattr(module, attribute)
-                    del module.forward
+        patched = [(block, GROUP_ATTRIBUTE) for block in self.blocks]
+        patched += [(block.mlp, TILED_ATTRIBUTE) for block in self.blocks]
+        patched += [(norm, RECOMPUTED_ATTRIBUTE) for norm in block_norms(self.blocks)]
+        for module, attribute in patched:  # back to plain blocks, MLPs and norms
+            if hasattr(module, attribute):
+                delattr(module, attribute)
+                del module.forward
         self.model.gradient_checkpointing_disable()
         self._route(offload)
         if every > 1:
@@ -108,6 +120,8 @@ class Layout:
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         if mlp_chunk:
             apply_tiled_mlp(self.blocks, mlp_chunk)
+        if norms:
+            apply_recomputed_norms(self.blocks)
 
     def _route(self, offload: bool) -> None:
         if not offload and self.offloader is None:
@@ -123,7 +137,8 @@ class Layout:
                 backend = DeferredCopyBackend()
             self.offloader = apply_offload(
                 [(f"model.layers.{i}", b) for i, b in enumerate(self.blocks)], device=self.device,
-                backend=backend, min_tensor_bytes=0 if self.tiny else 2**20)
+                backend=backend, min_tensor_bytes=0 if self.tiny else 2**20,
+                host_cache_limit_bytes=self.host_limit_bytes)
             self.routed = True
         if offload != self.routed:
             route_calls(self.blocks, self.offloader) if offload else unroute_calls(self.blocks)
@@ -159,7 +174,7 @@ def loss_of(model: torch.nn.Module, ids: torch.Tensor, variant: str,
 def layout_of(variant: str, args: argparse.Namespace) -> dict:
     return {"offload": "offload" in variant,
             "mlp_chunk": args.mlp_chunk if "tiled" in variant else 0,
-            "every": args.every if "groups" in variant else 1}
+            "every": args.every if "groups" in variant else 1, "norms": "norms" in variant}
 
 
 def available(variant: str, layout: Layout) -> str | None:
@@ -171,6 +186,13 @@ def available(variant: str, layout: Layout) -> str | None:
     if variant == "liger" and layout.device.type != "cuda":
         return "liger-kernel needs a GPU (Triton)"
     return None
+
+
+def host_memory_gib() -> float:
+    """The host's physical memory, GiB."""
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
 def sync(device: torch.device) -> None:
@@ -188,6 +210,7 @@ def measure(layout: Layout, variant: str, tokens: int, args: argparse.Namespace,
     cuda = device.type == "cuda"
 
     losses: list[torch.Tensor] = []
+    offload_metrics: list[dict[str, float]] = []
 
     def step() -> None:
         if layout.offloader is not None and layout.routed:
@@ -198,7 +221,7 @@ def measure(layout: Layout, variant: str, tokens: int, args: argparse.Namespace,
         if layout.offloader is not None and layout.routed:
             if not cuda:
                 layout.offloader.backend.synchronize()
-            layout.offloader.end_step()
+            offload_metrics.append(layout.offloader.end_step())
 
     if timed:
         step()
@@ -214,27 +237,50 @@ def measure(layout: Layout, variant: str, tokens: int, args: argparse.Namespace,
     row = {"variant": variant, "tokens": tokens, "status": "ok", **layout_of(variant, args),
            "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
            "loss": float(losses[-1])}  # the same ids at a length: every variant's should agree
+    if layout.offloader is not None and layout.routed:
+        # the pool keeps what it allocated: its size after the step is the step's peak
+        row["host_gib"] = round(layout.offloader.pool.held_bytes / 2**30, 3)
+        row["offload_metrics"] = {k.removeprefix("offload/"): round(v, 3)
+                                  for k, v in offload_metrics[-1].items()}
     if timed:
         row.update(step_s=round(seconds, 4), tokens_per_s=round(tokens / seconds))
     return row
 
 
-def fit_line(rows: list[dict], variant: str, capacity_gib: float) -> dict | None:
-    """Least-squares peak = fixed + slope * tokens through ``variant``'s rows, and the largest
-    length (a multiple of 1024) it leaves under ``capacity_gib``."""
-    points = [(r["tokens"], r["peak_gib"]) for r in rows
-              if r["variant"] == variant and r["status"] == "ok" and r.get("peak_gib") is not None]
-    if len(points) < 2:
-        return None
+def line(points: list[tuple[int, float]], capacity_gib: float) -> tuple[float, float, int | None]:
+    """Least-squares ``gib = fixed + slope * tokens``: (slope, fixed, the largest length, a
+    multiple of 1024, it leaves under ``capacity_gib``; None when it does not grow)."""
     n = len(points)
     mean_t, mean_p = sum(t for t, _ in points) / n, sum(p for _, p in points) / n
     slope = (sum((t - mean_t) * (p - mean_p) for t, p in points)
              / sum((t - mean_t) ** 2 for t, _ in points))
     fixed = mean_p - slope * mean_t
-    largest = int((capacity_gib - fixed) / slope) // 1024 * 1024 if slope > 0 else None
-    return {"variant": variant, "gib_per_1k_tokens": round(slope * 1024, 4),
-            "fixed_gib": round(fixed, 2), "largest_tokens_extrapolated": largest,
-            "from_lengths": sorted(t for t, _ in points)}
+    largest = int((capacity_gib - fixed) / slope) // 1024 * 1024 if slope > 1e-12 else None
+    return slope, fixed, largest
+
+
+def fit_line(rows: list[dict], variant: str, capacity_gib: float,
+             host_limit_gib: float) -> dict | None:
+    """Lines through ``variant``'s peak GPU memory and (offloaded) host memory, and the largest
+    length both leave under ``capacity_gib`` and ``host_limit_gib``."""
+    ok = [r for r in rows if r["variant"] == variant and r["status"] == "ok"
+          and r.get("peak_gib") is not None]
+    if len(ok) < 2:
+        return None
+    slope, fixed, largest = line([(r["tokens"], r["peak_gib"]) for r in ok], capacity_gib)
+    fit = {"variant": variant, "gib_per_1k_tokens": round(slope * 1024, 4),
+           "fixed_gib": round(fixed, 2), "largest_tokens_gpu": largest,
+           "from_lengths": sorted(r["tokens"] for r in ok)}
+    if all("host_gib" in r for r in ok):
+        host_slope, host_fixed, host_largest = line([(r["tokens"], r["host_gib"]) for r in ok],
+                                                    host_limit_gib)
+        fit.update(host_gib_per_1k_tokens=round(host_slope * 1024, 4),
+                   host_fixed_gib=round(host_fixed, 2), largest_tokens_host=host_largest,
+                   host_limit_gib=round(host_limit_gib, 1))
+        if host_largest is not None and largest is not None:
+            largest = min(largest, host_largest)
+    fit["largest_tokens_extrapolated"] = largest
+    return fit
 
 
 def step_seconds(rows: list[dict], variant: str, tokens: int) -> float | None:
@@ -259,7 +305,7 @@ def run(args: argparse.Namespace) -> dict:
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     started = time.perf_counter()
     model = build_model(shapes, device, dtype)
-    layout = Layout(model, device, args.tiny)
+    layout = Layout(model, device, args.tiny, int(args.host_limit_gb * 2**30))
     lengths = tuple(args.lengths) if args.lengths else TINY_LENGTHS if args.tiny else LENGTHS
     capacity = (torch.cuda.get_device_properties(device).total_memory / 2**30 * args.usable
                 if device.type == "cuda" else None)
@@ -289,11 +335,13 @@ def run(args: argparse.Namespace) -> dict:
             print(json.dumps(rows[-1]), flush=True)
             if rows[-1]["status"] != "ok":
                 break
-    fits = [f for f in (fit_line(rows, v, capacity or 0.0) for v in args.variants) if f]
+    fits = [f for f in (fit_line(rows, v, capacity or 0.0, args.host_limit_gb)
+                        for v in args.variants) if f]
     result = {"shapes": shapes, "device": str(device), "dtype": str(dtype),
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "capacity_gib": capacity, "logprob_chunk_tokens": args.logprob_chunk,
               "mlp_chunk_tokens": args.mlp_chunk, "checkpoint_every_blocks": args.every,
+              "host_limit_gib": args.host_limit_gb, "host_memory_gib": host_memory_gib(),
               "rows": rows, "fits": fits}
     result.update(compare_times(rows))
     if capacity is not None and fits:
@@ -317,12 +365,14 @@ def compare_times(rows: list[dict]) -> dict:
 
 def confirm(layout: Layout, rows: list[dict], fits: list[dict], args: argparse.Namespace,
             started: float, lengths: tuple[int, ...]) -> dict:
-    """One run of the variant that extrapolates longest, at the longest multiple of 8K within
-    both its extrapolation and the time left."""
+    """One run of the variant that extrapolates longest, at ``--confirm-tokens`` or else the
+    longest multiple of 8K within both its extrapolation and the time left."""
     best = max(fits, key=lambda f: f["largest_tokens_extrapolated"] or 0)
     tokens = (best["largest_tokens_extrapolated"] or 0) // 8192 * 8192
     left = args.budget_s - (time.perf_counter() - started)
-    while tokens > lengths[-1]:
+    if args.confirm_tokens:
+        tokens = args.confirm_tokens
+    while tokens > lengths[-1] and not args.confirm_tokens:
         estimate = step_seconds(rows, best["variant"], tokens)
         if estimate is not None and estimate * 1.3 < left:
             break
@@ -351,7 +401,10 @@ def main() -> None:
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--logprob-chunk", type=int, default=4096)
     parser.add_argument("--mlp-chunk", type=int, default=8192)
-    parser.add_argument("--every", type=int, default=2, help="blocks per checkpoint (groups)")
+    parser.add_argument("--every", type=int, default=4, help="blocks per checkpoint (groups)")
+    parser.add_argument("--host-limit-gb", type=float, default=None,
+                        help="the offload's host_cache_limit_gb (default: 80%% of the host's "
+                             "memory, at most 100)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--lengths", type=int, nargs="*", default=None,
                         help="sequence lengths (default 8K 32K 64K 128K; --tiny: 128..512)")
@@ -360,9 +413,13 @@ def main() -> None:
     parser.add_argument("--usable", type=float, default=0.97,
                         help="share of the GPU's memory the extrapolation may fill")
     parser.add_argument("--budget-s", type=float, default=540.0)
+    parser.add_argument("--confirm-tokens", type=int, default=0,
+                        help="confirm at this length (default: the longest the time left allows)")
     args = parser.parse_args()
     if args.tiny:
         args.logprob_chunk, args.mlp_chunk = min(args.logprob_chunk, 128), min(args.mlp_chunk, 96)
+    if args.host_limit_gb is None:
+        args.host_limit_gb = min(100.0, 0.8 * host_memory_gib())
     result = run(args)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -59,15 +59,15 @@ class Stack(torch.nn.Module):
         return x
 
 
-def tiny_llama(layers: int = 4, seed: int = 0) -> torch.nn.Module:
+def tiny_llama(layers: int = 4, seed: int = 0, every_blocks: int = 1) -> torch.nn.Module:
     """A real transformers Llama (hidden 64) with the core's non-reentrant activation
-    checkpointing (transformers' own wrapper)."""
+    checkpointing: transformers' own wrapper, or checkpoints of ``every_blocks`` blocks."""
     config = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, vocab_size=100,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                   num_hidden_layers=layers, use_cache=False)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
-    apply_activation_checkpointing(model)
+    apply_activation_checkpointing(model, every_blocks=every_blocks, blocks=model.model.layers)
     return model.train()
 
 

@@ -71,6 +71,24 @@ def test_losses_and_gradients_are_bit_identical_over_three_steps_with_buffer_reu
         assert metrics["offload/kept_on_gpu_blocks"] == 0
 
 
+def test_checkpoint_groups_offload_their_inputs_and_each_replayed_blocks(
+        build_llama, train_llama, offload, identical) -> None:
+    """Checkpoints of two blocks (`graft.engine.checkpoint_groups`): each group's input leaves
+    the device in forward, and in each group's backward the inputs of its replayed blocks do
+    (but the last block's); losses and gradients bit-identical to the same groups without
+    offload, and nothing the blocks save is left on the device but their inputs."""
+    expected = train_llama(build_llama(every_blocks=2))
+    model, backend = build_llama(every_blocks=2), DeferredCopyBackend()
+    offloader = offload(model.model.layers, backend)
+    got = train_llama(model, offloader=offloader, backend=backend)
+    identical(expected, got)
+    for metrics in got.metrics:
+        # forward: the inputs of groups 0-1 and 2-3; replays: blocks 2 (3 is last), 1 and 0
+        assert metrics["offload/offloaded_inputs"] == 2 + 1 + 2
+        assert metrics["offload/other_saved_gb"] == 0
+        assert metrics["offload/kept_on_gpu_blocks"] == metrics["offload/kept_on_gpu_gb"] == 0
+
+
 def test_a_compute_stream_that_never_waits_for_copies_is_caught(build_llama, train_llama,
                                                                 offload) -> None:
     model, backend = build_llama(), NoComputeWaits()
@@ -141,6 +159,8 @@ def test_the_host_ceiling_keeps_later_blocks_on_the_device_and_says_which(
         metrics = offloader.end_step()
     assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
     assert metrics["offload/kept_on_gpu_blocks"] == 2
+    assert metrics["offload/kept_on_gpu_gb"] * 2**30 == 2 * 8 * 16 * 4  # blocks 2 and 3
+    assert metrics["offload/offloaded_inputs"] == 2
     assert offloader.pool.held_bytes == 2 * 8 * 16 * 4 == metrics["offload/host_gb"] * 2**30
     assert ("model.layers.2..model.layers.3 (2 blocks): host_cache_limit_gb reached"
             in caplog.text)

@@ -1,7 +1,8 @@
-"""``engine.mlp_chunk_tokens`` (tiled MLP) and ``engine.checkpoint_every_blocks`` (checkpoints of
-several blocks), through the core's `parallelize` (FSDP2 on one gloo rank): the same log-probs
-and gradients as per-block checkpointing on every preset family (fp32, 1e-6; checkpoint groups
-bit for bit), each MLP recomputed per chunk, and the settings' errors."""
+"""``engine.mlp_chunk_tokens`` (tiled MLP), ``engine.recompute_norms`` and
+``engine.checkpoint_every_blocks`` (checkpoints of several blocks), through the core's
+`parallelize` (FSDP2 on one gloo rank): the same log-probs and gradients as per-block
+checkpointing on every preset family (fp32, 1e-6; checkpoint groups bit for bit), each MLP recomputed per chunk, a recomputed norm keeping only its input, and the settings'
+errors."""
 
 from __future__ import annotations
 
@@ -54,6 +55,11 @@ def assert_close(run, reference, what: str) -> None:
 def test_tiled_mlp_and_checkpoint_groups_keep_logprobs_and_gradients(preset: str) -> None:
     reference = step(preset)
     assert_close(step(preset, "engine.mlp_chunk_tokens=16"), reference, f"{preset} tiled MLP")
+    # the same forward; in backward a norm's own gradient contributions to its input are summed
+    # before they join the residual's (in bf16 the norm's fp32 upcast does that anyway)
+    normed = step(preset, "engine.recompute_norms=true")
+    assert torch.equal(normed[0], reference[0])
+    assert_close(normed, reference, f"{preset} recomputed norms")
     if preset in CUSTOM_PARALLELIZE:
         return  # its family checkpoints block by block: test_groups_need_the_family_to_pass_them
     grouped = step(preset, "engine.checkpoint_every_blocks=2")
@@ -81,6 +87,49 @@ def test_each_mlp_chunk_recomputed_in_backward() -> None:
     loss.backward()
     handle.remove()
     assert rows == [10, 10, 10, 5] * 3
+
+
+def saved_bytes(run) -> int:
+    """Bytes of the tensors autograd saves while ``run()`` runs (each storage once)."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        if not isinstance(tensor, torch.nn.Parameter):
+            storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(storages.values())
+
+
+def test_a_recomputed_norm_keeps_only_its_input() -> None:
+    """A bf16 RMSNorm of the tiny Qwen3-MoE's blocks (its own fp32 arithmetic inside): recomputed,
+    it saves its input alone and still gives the same output and gradients (recomputed in
+    backward from that input)."""
+    from graft.engine.recomputed_norms import apply_recomputed_norms, block_norms
+
+    cfg = compose(["model.preset=tiny-qwen3-moe", "engine.device=cpu"])
+    model, family = build_model(cfg.model, seed=0)
+    blocks = list(family.decoder_blocks(model.bfloat16()))
+    norms = block_norms(blocks)
+    assert len(norms) == 4 * len(blocks)  # input, post-attention, q and k norms
+    x = torch.randn(2, 8, model.config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    norm = blocks[0].input_layernorm
+    plain_out, recomputed = {}, {}
+
+    def backward(into: dict) -> None:
+        into["bytes"] = saved_bytes(lambda: into.setdefault("out", norm(x)))
+        into["grads"] = torch.autograd.grad(into["out"].float().square().sum(), [x, norm.weight])
+
+    backward(plain_out)
+    apply_recomputed_norms(blocks)
+    backward(recomputed)
+    assert recomputed["bytes"] == x.numel() * 2  # the bf16 input, nothing in fp32
+    assert plain_out["bytes"] >= x.numel() * (4 + 2)  # its fp32 input and bf16 normalised values
+    assert torch.equal(recomputed["out"], plain_out["out"])
+    assert all(torch.equal(a, b) for a, b in zip(recomputed["grads"], plain_out["grads"],
+                                                  strict=True))
 
 
 def test_groups_need_activation_checkpointing() -> None:
@@ -118,15 +167,20 @@ def graph_nodes(tensor: torch.Tensor) -> list[str]:
 
 def test_groups_hold_one_input_per_group_and_replay_each_block_once() -> None:
     """Four blocks checkpointed three at a time: two group nodes in the graph, no block's own
-    operations in it, and each block runs once more in backward."""
+    operations in it, each block called once more in backward (the group's replay), and each
+    block's operations run a third time there (its own checkpoint's recompute: a group's
+    backward holds one block's activations at a time)."""
     env = init_distributed(device_preference="cpu")
     cfg = compose(["model.preset=tiny-llama", "engine.device=cpu", "model.overrides.num_hidden_layers=4",
                    "engine.activation_checkpointing=true", "engine.checkpoint_every_blocks=3"])
     model, family = build_model(cfg.model, seed=0)
     model = parallelize(model, family, cfg=cfg, mesh=env.mesh, device=env.device).train()
     calls: list[int] = []
+    projections: list[int] = []
     for index, block in enumerate(family.decoder_blocks(model)):
         block.register_forward_pre_hook(lambda module, args, i=index: calls.append(i))
+        block.self_attn.q_proj.register_forward_pre_hook(
+            lambda module, args, i=index: projections.append(i))
     ids = torch.randint(3, 100, (1, 20), generator=torch.Generator().manual_seed(0))
     logits = model(input_ids=ids, use_cache=False).logits
     names = graph_nodes(logits)
@@ -134,3 +188,6 @@ def test_groups_hold_one_input_per_group_and_replay_each_block_once() -> None:
     assert names.count("MmBackward0") == 1  # the head's: the blocks' live only in the replays
     logits.sum().backward()
     assert calls == [0, 1, 2, 3, 3, 0, 1, 2]
+    # forward; group 3: replay, recompute; group 0-2: replay of all three, then each
+    # block's recompute as the backward reaches it (last block first)
+    assert projections == [0, 1, 2, 3, 3, 3, 0, 1, 2, 2, 1, 0]

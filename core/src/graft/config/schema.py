@@ -153,6 +153,10 @@ class EngineConfig:
     # chunk in backward, so a block's backward never holds its tokens x intermediate_size
     # activations (graft.engine.tiled_mlp); 0: the whole sequence at once. MoE layers stay whole.
     mlp_chunk_tokens: int = bounded(0, ge=0, note="0: the MLP over the whole sequence")
+    # Recompute each decoder block's norms (RMSNorm/LayerNorm) in backward instead of keeping
+    # their fp32 intermediates: a norm then keeps only its input (graft.engine.recomputed_norms);
+    # the same values (fp32 gradients within rounding), one more norm forward in backward.
+    recompute_norms: bool = False
     # Token budget of one packed micro-batch (per rank).
     max_tokens_per_micro_batch: int = bounded(4096, ge=1)
     # Pack a micro-batch's samples into rows of at most this many tokens (0: one row). Attention

@@ -23,6 +23,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from graft.engine.checkpoint_groups import apply_checkpoint_groups, checkpoint_groups_applied
 from graft.engine.dtype_units import shard_other_dtypes
 from graft.engine.parallel_dims import EP, ParallelMeshes
+from graft.engine.recomputed_norms import apply_recomputed_norms
 from graft.engine.tiled_mlp import apply_tiled_mlp
 from graft.errors import ConfigError, PluginError
 from graft.models.family import ModelFamily
@@ -200,7 +201,9 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
 
 def apply_memory_settings(model: torch.nn.Module, family: ModelFamily, engine: Any) -> None:
     """Before any family's ``parallelize``: tile the dense MLPs (``engine.mlp_chunk_tokens``,
-    `graft.engine.tiled_mlp`); ``engine.checkpoint_every_blocks`` > 1 without
+    `graft.engine.tiled_mlp`), recompute the blocks' norms in backward
+    (``engine.recompute_norms``, `graft.engine.recomputed_norms`);
+    ``engine.checkpoint_every_blocks`` > 1 without
     ``engine.activation_checkpointing`` is a `ConfigError`."""
     every = getattr(engine, "checkpoint_every_blocks", 1)
     if every > 1 and not engine.activation_checkpointing:
@@ -212,6 +215,8 @@ def apply_memory_settings(model: torch.nn.Module, family: ModelFamily, engine: A
         routers = family.router_modules(model) if family.router_modules else ()
         tiled = apply_tiled_mlp(list(family.decoder_blocks(model)), chunk, routers)
         logger.debug("engine.mlp_chunk_tokens=%d: %d dense MLPs tiled", chunk, tiled)
+    if getattr(engine, "recompute_norms", False):
+        apply_recomputed_norms(list(family.decoder_blocks(model)))
 
 
 def check_checkpoint_groups(model: torch.nn.Module, family: ModelFamily, engine: Any) -> None:

@@ -142,11 +142,12 @@ class Offloader:
             if reason is None and buffer is None:
                 reason = HOST_FULL
             if reason is not None:
-                self.stats.keep(block, reason)
+                self.stats.keep(block, reason, entry.nbytes)
                 return entry
             entry.start_copy_out(buffer, self.transfers, self.pool, self._orphans)
             self._copying_out.append(entry)
             self.stats.offloaded_bytes += entry.nbytes
+            self.stats.offloaded_inputs += 1
             return entry
 
     def unpack(self, packed: Any) -> torch.Tensor:
@@ -186,8 +187,9 @@ class Offloader:
 
     def end_step(self) -> dict[str, float]:
         """This step's metrics (``offload/host_gb``, ``offload/pinned_gb``,
-        ``offload/offloaded_gb``, ``offload/other_saved_gb``, ``offload/kept_on_gpu_blocks``,
-        and the copy rates with ``timing``); reports the blocks whose input stayed on the GPU
+        ``offload/offloaded_gb``, ``offload/offloaded_inputs``, ``offload/other_saved_gb``,
+        ``offload/kept_on_gpu_blocks``, ``offload/kept_on_gpu_gb``, and the copy rates with
+        ``timing``); reports the blocks whose input stayed on the GPU
         when they change."""
         with self._lock:
             self.release_copied()

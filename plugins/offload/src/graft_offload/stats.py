@@ -22,15 +22,20 @@ class StepStats:
     passes: int = 0  # forward passes with gradients through the selected blocks
     offloaded_bytes: int = 0  # device -> host
     fetched_bytes: int = 0  # host -> device
+    offloaded_inputs: int = 0  # block inputs copied to the host, over every pass of the step
     kept: dict[int, str] = field(default_factory=dict)  # block index -> why it stayed
+    kept_bytes: int = 0  # of the block inputs that stayed on the device, but the last block's
     # Tensors other than their inputs and parameters that the selected blocks saved for
     # backward, by storage (a tensor saved by several blocks, as RoPE tables are, counts once):
     # with activation checkpointing in effect there are few and they are small.
     other_saved: dict[int, int] = field(default_factory=dict)
 
-    def keep(self, block: int, reason: str) -> None:
-        """Record that ``block``'s input stayed on the device (the first reason wins)."""
+    def keep(self, block: int, reason: str, nbytes: int = 0) -> None:
+        """Record that ``block``'s input (``nbytes`` bytes) stayed on the device (the first
+        reason wins)."""
         self.kept.setdefault(block, reason)
+        if reason != LAST_BLOCK:
+            self.kept_bytes += nbytes
 
     def note_other_saved(self, tensor: Any) -> None:
         """Count a tensor a block saved that is neither its input nor a parameter (by the
@@ -82,13 +87,15 @@ def median(values: list[float]) -> float:
 def step_metrics(stats: StepStats, host_bytes: int, pinned_bytes: int,
                  last_block: int) -> dict[str, float]:
     """The per-step metrics: host memory held (GiB) and the part of it that is page-locked
-    (GiB), bytes offloaded this step (GiB), the bytes the blocks saved besides their inputs
-    and parameters (GiB), and how many selected blocks other than the last (``last_block``)
-    kept their input on the GPU."""
+    (GiB), bytes offloaded this step (GiB) and the number of block inputs they were, the bytes
+    the blocks saved besides their inputs and parameters (GiB), how many selected blocks other
+    than the last (``last_block``) kept their input on the GPU and those inputs' bytes (GiB)."""
     return {"offload/host_gb": host_bytes / GIB, "offload/pinned_gb": pinned_bytes / GIB,
             "offload/offloaded_gb": stats.offloaded_bytes / GIB,
+            "offload/offloaded_inputs": float(stats.offloaded_inputs),
             "offload/other_saved_gb": sum(stats.other_saved.values()) / GIB,
-            "offload/kept_on_gpu_blocks": float(len(stats.kept_blocks(last_block)))}
+            "offload/kept_on_gpu_blocks": float(len(stats.kept_blocks(last_block))),
+            "offload/kept_on_gpu_gb": stats.kept_bytes / GIB}
 
 
 def describe_kept(kept: dict[int, str], names: Sequence[str]) -> str:
