@@ -333,6 +333,8 @@ def run(args: argparse.Namespace) -> dict:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             print(json.dumps(rows[-1]), flush=True)
+            with open(args.out, "w") as f:  # what a time limit would otherwise lose
+                json.dump({"partial": True, "rows": rows}, f, indent=1)
             if rows[-1]["status"] != "ok":
                 break
     fits = [f for f in (fit_line(rows, v, capacity or 0.0, args.host_limit_gb)
