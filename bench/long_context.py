@@ -101,12 +101,13 @@ class Layout:
         recomputed or not, the blocks routed through graft-offload or not."""
         from graft.engine.checkpoint_groups import GROUP_ATTRIBUTE, apply_checkpoint_groups
         from graft.engine.recomputed_norms import (RECOMPUTED_ATTRIBUTE, apply_recomputed_norms,
-                                                   block_norms)
+                                                   block_norms, final_norm)
         from graft.engine.tiled_mlp import TILED_ATTRIBUTE, apply_tiled_mlp
 
         patched = [(block, GROUP_ATTRIBUTE) for block in self.blocks]
         patched += [(block.mlp, TILED_ATTRIBUTE) for block in self.blocks]
-        patched += [(norm, RECOMPUTED_ATTRIBUTE) for norm in block_norms(self.blocks)]
+        norms_of = [*self.blocks, *final_norm(self.model)]
+        patched += [(norm, RECOMPUTED_ATTRIBUTE) for norm in block_norms(norms_of)]
         for module, attribute in patched:  # back to plain blocks, MLPs and norms
             if hasattr(module, attribute):
                 delattr(module, attribute)
@@ -121,7 +122,7 @@ class Layout:
         if mlp_chunk:
             apply_tiled_mlp(self.blocks, mlp_chunk)
         if norms:
-            apply_recomputed_norms(self.blocks)
+            apply_recomputed_norms(norms_of)
 
     def _route(self, offload: bool) -> None:
         if not offload and self.offloader is None:
@@ -143,6 +144,53 @@ class Layout:
         if offload != self.routed:
             route_calls(self.blocks, self.offloader) if offload else unroute_calls(self.blocks)
             self.routed = offload
+
+
+class PhasePeaks:
+    """Peak GPU memory (GiB) of a step and of each phase of its backward: from its start to
+    the first block's output gradient (the head, the final norm), then from each block's output
+    gradient to the next one's (that block's recompute and backward). Enter it before the
+    forward (its hooks go on the blocks' outputs), call `backward_starts` before the backward."""
+
+    def __init__(self, blocks: list[torch.nn.Module], cuda: bool) -> None:
+        self.blocks, self.cuda = blocks, cuda
+        self.peaks: list[tuple[str, float]] = []
+        self.overall_gib = 0.0
+        self._phase = "forward"
+        self._handles: list = []
+
+    def _close_phase(self, name: str) -> None:
+        peak = torch.cuda.max_memory_allocated() / 2**30
+        self.overall_gib = max(self.overall_gib, peak)
+        if self._phase != "forward":
+            self.peaks.append((self._phase, round(peak, 3)))
+        torch.cuda.reset_peak_memory_stats()
+        self._phase = name
+
+    def backward_starts(self) -> None:
+        """The forward is done: the next phase is the head's backward."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            self._close_phase("head")
+
+    def __enter__(self) -> PhasePeaks:
+        if not self.cuda:
+            return self
+
+        def on_output(output: object, index: int) -> None:
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(lambda grad: self._close_phase(f"block {index}"))
+
+        self._handles = [b.register_forward_hook(lambda m, a, o, i=i: on_output(o, i))
+                         for i, b in enumerate(self.blocks)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        if self.cuda:
+            torch.cuda.synchronize()
+            self._close_phase("done")
 
 
 def loss_of(model: torch.nn.Module, ids: torch.Tensor, variant: str,
@@ -208,15 +256,23 @@ def measure(layout: Layout, variant: str, tokens: int, args: argparse.Namespace,
     ids = torch.randint(0, vocab, (1, tokens), device=device,
                         generator=torch.Generator(device=device).manual_seed(tokens))
     cuda = device.type == "cuda"
+    if layout.offloader is not None and layout.routed:
+        layout.offloader.pool.close()  # a fresh pool: its size after the step is this step's
 
     losses: list[torch.Tensor] = []
     offload_metrics: list[dict[str, float]] = []
+    peaks: list[tuple[str, float]] = []
+    overall: list[float] = []
 
     def step() -> None:
         if layout.offloader is not None and layout.routed:
             layout.offloader.begin_step()
-        loss = loss_of(layout.model, ids, variant, args.logprob_chunk)
-        loss.backward()
+        with PhasePeaks(layout.blocks, cuda) as phases:
+            loss = loss_of(layout.model, ids, variant, args.logprob_chunk)
+            phases.backward_starts()
+            loss.backward()
+        peaks[:] = phases.peaks
+        overall.append(phases.overall_gib)
         losses.append(loss.detach())
         if layout.offloader is not None and layout.routed:
             if not cuda:
@@ -235,13 +291,18 @@ def measure(layout: Layout, variant: str, tokens: int, args: argparse.Namespace,
     sync(device)
     seconds = (time.perf_counter() - started) / steps
     row = {"variant": variant, "tokens": tokens, "status": "ok", **layout_of(variant, args),
-           "peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
+           "peak_gib": round(max(overall), 3) if cuda else None,
            "loss": float(losses[-1])}  # the same ids at a length: every variant's should agree
     if layout.offloader is not None and layout.routed:
         # the pool keeps what it allocated: its size after the step is the step's peak
         row["host_gib"] = round(layout.offloader.pool.held_bytes / 2**30, 3)
         row["offload_metrics"] = {k.removeprefix("offload/"): round(v, 3)
                                   for k, v in offload_metrics[-1].items()}
+    if peaks:  # where the backward's peak is: the head (and final norm), then each block
+        blocks = peaks[1:]
+        top = max(blocks, key=lambda p: p[1]) if blocks else (None, None)
+        row["backward_peaks_gib"] = {"head": peaks[0][1], "blocks_max": top[1],
+                                     "block_of_max": top[0]}
     if timed:
         row.update(step_s=round(seconds, 4), tokens_per_s=round(tokens / seconds))
     return row

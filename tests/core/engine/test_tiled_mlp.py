@@ -107,7 +107,7 @@ def test_a_recomputed_norm_keeps_only_its_input() -> None:
     """A bf16 RMSNorm of the tiny Qwen3-MoE's blocks (its own fp32 arithmetic inside): recomputed,
     it saves its input alone and still gives the same output and gradients (recomputed in
     backward from that input)."""
-    from graft.engine.recomputed_norms import apply_recomputed_norms, block_norms
+    from graft.engine.recomputed_norms import apply_recomputed_norms, block_norms, final_norm
 
     cfg = compose(["model.preset=tiny-qwen3-moe", "engine.device=cpu"])
     model, family = build_model(cfg.model, seed=0)
@@ -130,6 +130,31 @@ def test_a_recomputed_norm_keeps_only_its_input() -> None:
     assert torch.equal(recomputed["out"], plain_out["out"])
     assert all(torch.equal(a, b) for a, b in zip(recomputed["grads"], plain_out["grads"],
                                                   strict=True))
+    assert final_norm(model) == [model.model.norm]
+
+
+def test_a_recomputed_norm_over_several_chunks_of_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 5 of 16 tokens: the same output bit for bit, the same gradients within
+    rounding (the weight's is a sum over the chunks)."""
+    from graft.engine import recomputed_norms
+
+    cfg = compose(["model.preset=tiny-llama", "engine.device=cpu"])
+    model, _ = build_model(cfg.model, seed=0)
+    norm = model.model.norm
+    x = torch.randn(2, 8, model.config.hidden_size, requires_grad=True)
+    plain = norm(x)
+    plain_grads = torch.autograd.grad(plain.square().sum(), [x, norm.weight])
+    monkeypatch.setattr(recomputed_norms, "NORM_CHUNK_TOKENS", 5)
+    recomputed_norms.apply_recomputed_norms([norm])
+    calls: list[int] = []
+    per_chunk = recomputed_norms._norm_grads
+    monkeypatch.setattr(recomputed_norms, "_norm_grads", lambda *a: calls.append(1) or
+                        per_chunk(*a))
+    out = norm(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, norm.weight])
+    assert torch.equal(out, plain) and len(calls) == 4  # 16 tokens: 5 + 5 + 5 + 1
+    for got, want in zip(grads, plain_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_groups_need_activation_checkpointing() -> None:

@@ -23,7 +23,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from graft.engine.checkpoint_groups import apply_checkpoint_groups, checkpoint_groups_applied
 from graft.engine.dtype_units import shard_other_dtypes
 from graft.engine.parallel_dims import EP, ParallelMeshes
-from graft.engine.recomputed_norms import apply_recomputed_norms
+from graft.engine.recomputed_norms import apply_recomputed_norms, final_norm
 from graft.engine.tiled_mlp import apply_tiled_mlp
 from graft.errors import ConfigError, PluginError
 from graft.models.family import ModelFamily
@@ -201,7 +201,7 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
 
 def apply_memory_settings(model: torch.nn.Module, family: ModelFamily, engine: Any) -> None:
     """Before any family's ``parallelize``: tile the dense MLPs (``engine.mlp_chunk_tokens``,
-    `graft.engine.tiled_mlp`), recompute the blocks' norms in backward
+    `graft.engine.tiled_mlp`), recompute the blocks' and the final norms in backward
     (``engine.recompute_norms``, `graft.engine.recomputed_norms`);
     ``engine.checkpoint_every_blocks`` > 1 without
     ``engine.activation_checkpointing`` is a `ConfigError`."""
@@ -216,7 +216,7 @@ def apply_memory_settings(model: torch.nn.Module, family: ModelFamily, engine: A
         tiled = apply_tiled_mlp(list(family.decoder_blocks(model)), chunk, routers)
         logger.debug("engine.mlp_chunk_tokens=%d: %d dense MLPs tiled", chunk, tiled)
     if getattr(engine, "recompute_norms", False):
-        apply_recomputed_norms(list(family.decoder_blocks(model)))
+        apply_recomputed_norms([*family.decoder_blocks(model), *final_norm(model)])
 
 
 def check_checkpoint_groups(model: torch.nn.Module, family: ModelFamily, engine: Any) -> None:
