@@ -330,8 +330,18 @@ def fit_line(rows: list[dict], variant: str, capacity_gib: float,
         return None
     slope, fixed, largest = line([(r["tokens"], r["peak_gib"]) for r in ok], capacity_gib)
     fit = {"variant": variant, "gib_per_1k_tokens": round(slope * 1024, 4),
-           "fixed_gib": round(fixed, 2), "largest_tokens_gpu": largest,
-           "from_lengths": sorted(r["tokens"] for r in ok)}
+           "fixed_gib": round(fixed, 2), "from_lengths": sorted(r["tokens"] for r in ok)}
+    # The step's peak is the largest of its phases' (the head's, the blocks'); where a phase
+    # that is not the peak at the measured lengths grows faster, it is the peak further on.
+    if all("backward_peaks_gib" in r for r in ok):
+        for phase in ("head", "blocks_max"):
+            p_slope, p_fixed, p_largest = line(
+                [(r["tokens"], r["backward_peaks_gib"][phase]) for r in ok], capacity_gib)
+            fit[f"{phase}_gib_per_1k_tokens"] = round(p_slope * 1024, 4)
+            fit[f"{phase}_fixed_gib"] = round(p_fixed, 2)
+            if p_largest is not None and (largest is None or p_largest < largest):
+                largest = p_largest
+    fit["largest_tokens_gpu"] = largest
     if all("host_gib" in r for r in ok):
         host_slope, host_fixed, host_largest = line([(r["tokens"], r["host_gib"]) for r in ok],
                                                     host_limit_gib)

@@ -89,6 +89,23 @@ def test_checkpoint_groups_offload_their_inputs_and_each_replayed_blocks(
         assert metrics["offload/kept_on_gpu_blocks"] == metrics["offload/kept_on_gpu_gb"] == 0
 
 
+def test_the_last_input_of_a_replay_is_let_go_with_its_backward(build_llama, offload) -> None:
+    """A checkpoint group's replay ends with a block whose input is restored before any other
+    block starts: once its backward is done, nothing holds it (the offload used to, until the
+    next pass began)."""
+    model = build_llama(every_blocks=2)
+    offloader = offload(model.model.layers, DeferredCopyBackend())
+    replayed: list[weakref.ref] = []
+    model.model.layers[1].register_forward_pre_hook(
+        lambda _, args: replayed.append(weakref.ref(args[0])) if torch.is_grad_enabled() else None)
+    offloader.begin_step()
+    ids = torch.arange(48).view(2, 24)
+    model(input_ids=ids, labels=ids).loss.backward()
+    gc.collect()
+    assert len(replayed) == 2 and replayed[-1]() is None  # forward, then group 0-1's replay
+    offloader.end_step()
+
+
 def test_a_compute_stream_that_never_waits_for_copies_is_caught(build_llama, train_llama,
                                                                 offload) -> None:
     model, backend = build_llama(), NoComputeWaits()

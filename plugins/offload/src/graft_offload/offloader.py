@@ -156,7 +156,14 @@ class Offloader:
             return packed
         with self._lock:
             self._count_fetch(packed)
+            copying_out = packed.state is State.COPYING_OUT
             tensor = packed.restore(self.transfers, self.pool)
+            if copying_out and packed in self._copying_out:
+                # restored before the next block started (the last block of a pass, as in a
+                # checkpoint group's replay): the tensor is autograd's now; once the compute
+                # stream waited for the copy out, nothing here may hold it
+                self.transfers.wait(packed.copied_out)
+                self._copying_out.remove(packed)
             self._prefetch_below(packed)
             return tensor
 
