@@ -42,8 +42,10 @@ def test_the_step_hooks_report_only_offloaders_whose_model_trained(build_llama, 
     assert metrics == pytest.approx({"offload/host_gb": 3 * per_block,
                                      "offload/pinned_gb": 3 * per_block,
                                      "offload/offloaded_gb": 3 * per_block,
+                                     "offload/offloaded_inputs": 3.0,
                                      "offload/other_saved_gb": 0.0,
-                                     "offload/kept_on_gpu_blocks": 0.0})
+                                     "offload/kept_on_gpu_blocks": 0.0,
+                                     "offload/kept_on_gpu_gb": 0.0})
     runtime.begin_step()
     metrics = {}
     runtime.end_step(metrics)
