@@ -1,4 +1,5 @@
-"""Rows split by sequence over 2 ranks (sp=2), and over 2 x 2 ranks (dp=2 x sp=2), train exactly
+"""Rows split by sequence over 2 ranks (sp=2), over 2 x 2 ranks (dp=2 x sp=2), and over 4 ranks
+(sp=4: more ranks than the presets' 2 KV heads, which are then repeated), train exactly
 as one rank does: the same reported loss and gradients (1e-6 relative, fp32) under every
 built-in loss_agg_mode, the same log-probs per sample, for dense and MoE presets, with
 activation checkpointing + chunked log-probs + pad_to_length, and with routing replay R2 (the
@@ -24,14 +25,17 @@ from graft_router_replay.routes import ROUTES
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "split_grads.py"
 VARIANTS = ("dense", "moe", "dense_ckpt_chunked", "moe_r2")
-LAYOUTS = {"sp1": (1, 1), "sp2": (2, 2), "dp2_sp2": (4, 2)}  # name: (ranks, sp)
+# name: (ranks, sp, variants)
+LAYOUTS = {"sp1": (1, 1, VARIANTS), "sp2": (2, 2, VARIANTS), "dp2_sp2": (4, 2, VARIANTS),
+           "sp4": (4, 4, ("dense", "moe"))}
 
 
-def launch(out: Path, ranks: int, sp: int) -> Path:
+def launch(out: Path, ranks: int, sp: int, variants: tuple[str, ...]) -> Path:
     out.mkdir(parents=True)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc-per-node={ranks}"]
-    command = [*(launcher if ranks > 1 else [sys.executable]), str(SCRIPT), str(out), str(sp)]
+    command = [*(launcher if ranks > 1 else [sys.executable]), str(SCRIPT), str(out), str(sp),
+               ",".join(variants)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, f"{ranks} ranks, sp={sp}:\n{result.stderr[-4000:]}"
     return out
@@ -41,8 +45,8 @@ def launch(out: Path, ranks: int, sp: int) -> Path:
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, dict]]:
     root = tmp_path_factory.mktemp("ulysses")
     folders = {name: launch(root / name, *layout) for name, layout in LAYOUTS.items()}
-    return {name: {v: torch.load(folder / f"{v}.pt") for v in VARIANTS}
-            for name, folder in folders.items()}
+    return {name: {v: torch.load(folders[name] / f"{v}.pt") for v in LAYOUTS[name][2]}
+            for name in folders}
 
 
 def assert_close(reference: torch.Tensor, other: torch.Tensor, what: str) -> None:
@@ -58,8 +62,9 @@ def per_sample(result: dict, key: str) -> dict[int, torch.Tensor]:
             for index, value in zip(rank["samples"], rank[key], strict=True)}
 
 
-@pytest.mark.parametrize("layout", ["sp2", "dp2_sp2"])
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(("layout", "variant"), [
+    *((layout, variant) for layout in ("sp2", "dp2_sp2") for variant in VARIANTS),
+    ("sp4", "dense"), ("sp4", "moe")])
 def test_split_rows_give_the_loss_and_gradients_of_one_rank(results, layout: str,
                                                             variant: str) -> None:
     one, split = results["sp1"][variant], results[layout][variant]
@@ -73,9 +78,9 @@ def test_split_rows_give_the_loss_and_gradients_of_one_rank(results, layout: str
     assert all(not torch.allclose(a, b) for i, a in enumerate(grads) for b in grads[i + 1:])
 
 
-@pytest.mark.parametrize("layout", ["sp2", "dp2_sp2"])
+@pytest.mark.parametrize("layout", ["sp2", "dp2_sp2", "sp4"])
 def test_split_rows_give_every_samples_log_probs(results, layout: str) -> None:
-    for variant in VARIANTS:
+    for variant in results[layout]:
         one = per_sample(results["sp1"][variant], "logprobs")
         split = per_sample(results[layout][variant], "logprobs")
         assert one.keys() == split.keys() == set(range(12))
@@ -88,6 +93,7 @@ def test_split_rows_are_padded_to_a_multiple_of_sp(results) -> None:
     assert results["sp1"]["dense"]["row_lengths"] == [47]
     assert results["sp2"]["dense"]["row_lengths"] == [48]
     assert results["sp2"]["dense_ckpt_chunked"]["row_lengths"] == [50]  # lcm(bucket 5, sp 2)
+    assert results["sp4"]["dense"]["row_lengths"] == [48]
 
 
 @pytest.mark.parametrize("layout", ["sp2", "dp2_sp2"])

@@ -1,7 +1,7 @@
 """Losses, gradients and log-probs of one fixed mini-batch, for every built-in loss_agg_mode, with
 rows split by sequence over ``SP`` ranks (graft-ulysses).
 
-usage: [torchrun --nproc-per-node N] split_grads.py OUT_DIR SP
+usage: [torchrun --nproc-per-node N] split_grads.py OUT_DIR SP [VARIANT,...]
 
 ``N / SP`` data-parallel ranks; data-parallel rank d takes samples d, d + N/SP, ... (the sp ranks
 of one data-parallel rank share them), packed in rows of uneven lengths (several samples per
@@ -89,13 +89,13 @@ def run_variant(name: str, sp: int, env, out_dir: Path) -> None:
         torch.save(result, out_dir / f"{name}.pt")
 
 
-def main(out_dir: str, sp: int) -> None:
+def main(out_dir: str, sp: int, names: list[str]) -> None:
     env = init_distributed(device_preference="cpu", sp_size=sp)
-    for name in VARIANTS:
+    for name in names:
         run_variant(name, sp, env, Path(out_dir))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",") if len(sys.argv) > 3 else VARIANTS)
     shutdown_distributed()
     end_torchrun_worker()
