@@ -54,8 +54,10 @@ class SequenceShard:
     ``rank`` of ``size`` sequence-parallel ranks (``group``, None when ``size`` is 1), for rows
     of ``row_length`` tokens (a multiple of ``size``). ``position_ids`` are the whole rows'
     ``(R, L)`` positions (global: a sample's positions run on across the cut), None when the
-    shard was made without them. ``cache`` is scratch space for attention plugins (a mask or
-    ``cu_seqlens`` built once per forward, not per layer); it lives as long as the shard.
+    shard was made without them; ``layout`` the micro-batch's
+    `graft.engine.micro_batch.PackedLayout` (where each sample sits), None when unknown.
+    ``cache`` is scratch space for attention plugins (a mask or ``cu_seqlens`` built once per
+    forward, not per layer); it lives as long as the shard.
     """
 
     rank: int
@@ -63,7 +65,17 @@ class SequenceShard:
     row_length: int
     group: dist.ProcessGroup | None = None
     position_ids: torch.Tensor | None = None
+    layout: Any = None
     cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def one_sample_per_row(self) -> bool:
+        """True when no row holds more than one sample (then a causal mask is exact for every
+        real token: the trailing pad comes after it)."""
+        if self.layout is None:
+            return False
+        rows = [segment.row for segment in self.layout.segments]
+        return len(rows) == len(set(rows))
 
     @property
     def length(self) -> int:

@@ -186,7 +186,7 @@ class TrainEngine:
         without sequence parallelism)."""
         env = self.env
         return SequenceShard(env.sp_rank, env.sp_size, batch.layout.row_length, env.sp_group,
-                             batch.tensors.get("position_ids"))
+                             batch.tensors.get("position_ids"), batch.layout)
 
     def _forward(self, cpu_batch: MicroBatch, phase: Phase, *, with_entropy: bool = False
                  ) -> tuple[MicroBatch, torch.Tensor, torch.Tensor | None, SequenceShard]:

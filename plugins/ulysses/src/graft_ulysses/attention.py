@@ -11,8 +11,8 @@ original function with the original mask, unchanged. Inside it:
    whole rows;
 3. the original function runs on the whole rows with the whole rows' mask, built once per
    forward from the global position ids (a packed row's samples and its pad stay apart):
-   a boolean mask for ``sdpa``, an additive one for ``eager``, ``cu_seqlens`` for flash
-   attention;
+   a boolean mask for ``sdpa`` (none, causal, when no row holds two samples), an additive one
+   for ``eager``, ``cu_seqlens`` for flash attention;
 4. the output goes back to sequence shards (`heads_to_seq`).
 
 The model builds no mask of its own in a split forward (the registered mask function gives
@@ -156,15 +156,20 @@ def whole_rows_inputs(shard: SequenceShard, original: str,
     forward and kept in ``shard.cache``."""
     key = (original, query.dtype, query.device)
     if key not in shard.cache:
-        shard.cache[key] = _build(shard.position_ids.to(query.device), original, query.dtype)
+        shard.cache[key] = _build(shard.position_ids.to(query.device), original, query.dtype,
+                                  causal_only=shard.one_sample_per_row)
     return shard.cache[key]
 
 
-def _build(position_ids: torch.Tensor, original: str,
-           dtype: torch.dtype) -> tuple[torch.Tensor | None, dict[str, Any]]:
+def _build(position_ids: torch.Tensor, original: str, dtype: torch.dtype, *,
+           causal_only: bool) -> tuple[torch.Tensor | None, dict[str, Any]]:
     segments = segment_ids(position_ids)
     if original.startswith("flash"):
         return None, flash_keywords(segments)
+    if causal_only and original == "sdpa":
+        # One sample per row: SDPA's causal kernel, no (L x L) mask (the pad after the sample
+        # sees it, which changes only pad outputs, never read).
+        return None, {"is_causal": True}
     length = position_ids.shape[1]
     causal = torch.ones(length, length, dtype=torch.bool, device=position_ids.device).tril()
     allowed = (segments[:, :, None] == segments[:, None, :]) & causal
