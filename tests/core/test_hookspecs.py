@@ -51,6 +51,8 @@ def test_hook_specs_are_the_design_table() -> None:
         "graft_auto_settings",
         # added for multi-turn episodes with an environment plugin's tools (#29)
         "graft_environments",
+        # added for sequence parallelism: a plugin sizes the sp mesh dimension (#28)
+        "graft_parallel_dims",
     }
 
 

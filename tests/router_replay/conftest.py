@@ -39,14 +39,14 @@ class Replayable:
         """``batch`` through the model between the plugin's forward hooks, as the engine runs
         it; the logits ``(R, L, V)`` and what ``graft_post_forward`` kept (stored in batch)."""
         t = batch.tensors
-        plugin.graft_prepare_inputs(batch=t, layout=batch.layout, phase=phase)
+        plugin.graft_prepare_inputs(batch=t, layout=batch.layout, phase=phase, shard=None)
         mask = None
         if self.family.packs_sequences:
             mask = self.family.packed_attention_mask(self.model.config, t["position_ids"],
                                                      torch.float32)
         logits = self.model(input_ids=t["input_ids"], position_ids=t["position_ids"],
                             attention_mask=mask, use_cache=False).logits
-        kept = plugin.graft_post_forward(layout=batch.layout)
+        kept = plugin.graft_post_forward(layout=batch.layout, shard=None)
         if kept:
             batch.keep(kept)
         return logits, kept

@@ -43,7 +43,7 @@ def test_a_router_fed_other_tokens_than_its_targets_raises(replayable) -> None:
     run = replayable("tiny-qwen3-moe")
     batch = recorded_batch(run)
     other = run.batch(pad_bucket=64)  # another token count than the armed targets
-    plugin.graft_prepare_inputs(batch=batch.tensors, layout=batch.layout, phase="update")
+    plugin.graft_prepare_inputs(batch=batch.tensors, layout=batch.layout, phase="update", shard=None)
     with pytest.raises(RouteError, match="routes 64 tokens but its replay targets hold"):
         run.model(input_ids=other.tensors["input_ids"], position_ids=other.tensors["position_ids"])
 
@@ -51,22 +51,22 @@ def test_a_router_fed_other_tokens_than_its_targets_raises(replayable) -> None:
 def test_a_replayed_forward_that_skips_a_recorded_layer_raises(replayable) -> None:
     run = replayable("tiny-qwen3-moe")
     batch = recorded_batch(run)
-    plugin.graft_prepare_inputs(batch=batch.tensors, layout=batch.layout, phase="update")
+    plugin.graft_prepare_inputs(batch=batch.tensors, layout=batch.layout, phase="update", shard=None)
     run.model.model.layers[0](  # only the first decoder block runs
         run.model.model.embed_tokens(batch.tensors["input_ids"]),
         position_embeddings=run.model.model.rotary_emb(
             run.model.model.embed_tokens(batch.tensors["input_ids"]),
             batch.tensors["position_ids"]))
     with pytest.raises(RouteError, match=r"positions \[1\] did not route during a replayed"):
-        plugin.graft_post_forward(layout=batch.layout)
+        plugin.graft_post_forward(layout=batch.layout, shard=None)
 
 
 def test_a_recorded_forward_that_skips_a_layer_raises(replayable) -> None:
     run = replayable("tiny-qwen3-moe")
     batch = run.batch()
-    plugin.graft_prepare_inputs(batch=batch.tensors, layout=batch.layout, phase="old_logprobs")
+    plugin.graft_prepare_inputs(batch=batch.tensors, layout=batch.layout, phase="old_logprobs", shard=None)
     with pytest.raises(RouteError, match=r"positions \[0, 1\] did not route during the recorded"):
-        plugin.graft_post_forward(layout=batch.layout)
+        plugin.graft_post_forward(layout=batch.layout, shard=None)
 
 
 def test_the_reference_pass_never_replays(replayable, observe) -> None:

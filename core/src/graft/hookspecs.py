@@ -14,8 +14,7 @@ for every hook:
   thing on every rank (collectives inside a hook must be matched on all ranks).
 * Heavy imports (kernels, vLLM) belong inside the hook body, not at the plugin's module level.
 
-The sections follow the order of one run: registration, model build, data, rollout, step,
-loss, checkpoint, export.
+Sections follow one run: registration, model build, data, rollout, step, loss, checkpoint, export.
 """
 
 from __future__ import annotations
@@ -60,16 +59,15 @@ def graft_config_sections() -> list[tuple[str, type]]:
 def graft_auto_settings(cfg: Any, device_type: str) -> dict[str, Any] | None:
     """Pin settings the user left to `auto` to the value this plugin needs (`graft.config.auto`).
 
-    When: once per run, where the device is known (the trainer's start, after the process group
-    is up), before anything is built from the config. Who: any plugin; every rank. ``cfg`` is the
+    When: once per run, at the trainer's start (the device known), before anything is built
+    from the config. Who: any plugin; every rank. ``cfg`` is the
     composed config with its `auto` settings unresolved (``rollout.decode: auto``,
     ``engine.max_tokens_per_row: null``...); ``device_type`` is ``cuda`` or ``cpu``.
 
     Return ``{dotted key: value}`` for settings still at `auto` that this plugin cannot run with
     the device's fast choice (routing replay R3 needs ``rollout.decode=dynamic``: it hooks the
-    generating model), or None. Keys the user set explicitly are never changed (the plugin's
-    config checks report a conflict there). Two plugins pinning one key to different values is
-    a `ConfigError` naming both. Must not mutate ``cfg``. Not ``firstresult``.
+    generating model), or None; keys set explicitly are never changed. Two plugins pinning one
+    key to different values is a `ConfigError`. Must not mutate ``cfg``. Not ``firstresult``.
     """
 
 
@@ -106,6 +104,14 @@ def graft_trainer_modes() -> dict[str, Any]:
     """
 
 
+@hookspec
+def graft_parallel_dims(cfg: Any) -> dict[str, int] | None:
+    """Size a mesh dimension this plugin drives: ``{"sp": n}`` or None. When: the trainer's start,
+    before the meshes; every rank. ``sp`` ranks then share each data-parallel rank's data and
+    split its rows (`graft.engine.sequence_parallel`); the plugin makes attention span them while
+    `graft.engine.active_shard` is set. Must not mutate anything. Not ``firstresult``."""
+
+
 # --------------------------------------------------------------------------------------------
 # Model build: after the bare model exists, before it is sharded.
 # --------------------------------------------------------------------------------------------
@@ -118,12 +124,10 @@ def graft_pre_shard(model: torch.nn.Module, cfg: Any, mesh: DeviceMesh | None, r
 
     When: once per model build, after activation-checkpoint wrapping (when enabled) and right
     before expert parallelism and ``fully_shard``; on every rank. ``model`` holds real
-    (unsharded) parameters; ``cfg`` is the composed root config (a dataclass); ``mesh`` is the
-    data-parallel device mesh the model will be sharded over (all ranks; None in a process
-    without one) and ``meshes`` every dimension's mesh by name
-    (`graft.engine.parallel_dims.ParallelMeshes`: ``meshes["dp"]``, ``meshes["ep"]``,
-    ``meshes["efsdp"]``; None without a mesh). ``role`` says which model this is: ``policy``
-    (the trained model) or ``reference``
+    (unsharded) parameters; ``cfg`` is the composed root config (a dataclass); ``mesh`` the mesh
+    it will be sharded over (all ranks; None in a process without one), ``meshes`` every
+    dimension's (`graft.engine.ParallelMeshes`: ``"shard"``, ``"dp"``, ``"sp"``, ``"ep"``,
+    ``"efsdp"``; None without a mesh). ``role``: ``policy`` (the trained model) or ``reference``
     (the frozen KL reference, no gradients: leave it alone unless your change must apply to it
     too, as a numerics change such as quantisation does).
 
@@ -140,7 +144,7 @@ def graft_pre_shard(model: torch.nn.Module, cfg: Any, mesh: DeviceMesh | None, r
 
 @hookspec
 def graft_prepare_inputs(batch: dict[str, Any], pad_size: int, layout: Any, cfg: Any,
-                         phase: str) -> None:
+                         phase: str, shard: Any) -> None:
     """Adjust a packed micro-batch before the forward pass.
 
     When: before every packed forward of the trainer (every micro-batch of every pass), after
@@ -150,34 +154,36 @@ def graft_prepare_inputs(batch: dict[str, Any], pad_size: int, layout: Any, cfg:
     policy's log-probs before the update), ``ref_logprobs`` (the frozen reference),
     ``rollout_logprobs`` (the trainer scores samples whose engine gave no log-probs).
     ``batch`` maps names (``input_ids``, ``labels``, ``loss_mask``, ``temperature``,
-    ``position_ids``, RL extras, tensors kept from an earlier pass by ``graft_post_forward``) to
-    per-token tensors of shape ``(R, L)`` (rows x tokens, plus trailing dims) whose rows end with
-    ``pad_size`` pad tokens added by ``pad_to_length`` (0 when padding is off). ``layout`` is the
+    ``position_ids``, RL extras, tensors kept by ``graft_post_forward``) to per-token ``(R, L,
+    ...)`` tensors whose rows end with ``pad_size`` pad tokens (``pad_to_length``, the multiple
+    of ``sp``; 0 without padding). ``layout`` is the
     `graft.engine.micro_batch.PackedLayout` (where each sample sits; ``layout.pack`` places
-    per-sample tensors in the grid).
+    per-sample tensors in the grid). ``shard`` (`graft.engine.SequenceShard`): the columns of
+    every row this rank's forward computes (all without sequence parallelism; with it every
+    tensor is cut to ``shard.local(tensor)`` after this hook); state armed for the forward
+    itself (routing-replay targets) takes ``shard.local`` of it.
 
-    May mutate ``batch``: a plugin that carries its own per-token tensor (routing-replay
-    targets, for example) adds it here, extended over the pad, so it lines up with the padded
-    inputs. The core strips the pad from every per-token output with one shared function
-    (``layout.unpad``). Return value ignored. Not ``firstresult``.
+    May mutate ``batch``: a plugin's own per-token tensor (routing-replay targets) is added
+    here, extended over the pad; the core strips the pad from every per-token output with one
+    function (``layout.unpad``). Return value ignored. Not ``firstresult``.
     """
 
 
 @hookspec
 def graft_post_forward(batch: dict[str, Any], layout: Any, phase: str,
-                       cfg: Any) -> dict[str, Any] | None:
+                       cfg: Any, shard: Any) -> dict[str, Any] | None:
     """Collect what a plugin recorded during one micro-batch's forward.
 
     When: after every packed forward of the trainer (same passes and ``phase`` values as
     ``graft_prepare_inputs``), before the loss and backward; on every rank, for its own
-    micro-batch. ``batch`` holds the tensors the forward saw; ``layout`` the
-    `graft.engine.micro_batch.PackedLayout` (``layout.unpad`` gives one tensor per sample,
-    without the pad).
+    micro-batch. ``batch`` holds the tensors the forward saw (``shard.local`` of each);
+    ``layout`` the `graft.engine.micro_batch.PackedLayout` (``layout.unpad`` gives one tensor
+    per sample, without the pad); ``shard`` the `graft.engine.SequenceShard` it computed.
 
-    Return ``{name: tensor}`` of per-token ``(R, L, ...)`` tensors to keep with this micro-batch,
-    or None: later passes over the same micro-batch (the update passes after the old-log-prob
-    pass of an RL step) find them in ``batch`` (routing replay records in one pass and replays
-    in the next). Must not mutate ``batch``. Two plugins returning one name is an error.
+    Return ``{name: tensor}`` of per-token ``(R, shard.length, ...)`` tensors (the core gathers
+    the ``sp`` ranks' parts into whole ``(R, L, ...)`` rows) to keep with this micro-batch,
+    or None: later passes over it (the updates after an RL step's old-log-prob pass) find them
+    in ``batch``. Must not mutate ``batch``. Two plugins returning one name is an error.
     Not ``firstresult``.
     """
 
@@ -313,9 +319,8 @@ def graft_inference_copy(model: torch.nn.Module, trained: torch.nn.Module, cfg: 
 def graft_step_begin(step: int) -> None:
     """Signal that training step ``step`` (1-based) begins.
 
-    When: at the start of every optimizer step, before rollout or the first micro-batch; on every
-    rank. Use it to reset per-step state (offload buffers, replay cursors). Must not mutate
-    anything it did not create. Not ``firstresult``.
+    When: at the start of every step, before rollout or the first micro-batch; on every rank.
+    Resets per-step state (offload buffers, replay cursors); mutate nothing else. Not ``firstresult``.
     """
 
 
@@ -404,14 +409,12 @@ def graft_ckpt_load(
     tensors the checkpoint will be read into. ``ctx`` is a `graft.checkpoint.LoadContext`
     (checkpoint path, step, saved world size, ``checkpoint_keys``, ``keep_fresh``).
 
-    May mutate ``state`` in place: rename an entry to the key an older layout used (move the
-    same tensor object under the checkpoint's name: it is read from there and loaded back
-    under its live name), or add entry keys (``"optim.state.<fqn>.exp_avg"``) to
-    ``ctx.keep_fresh`` to keep their fresh value instead of reading them (the core's own
-    implementation does this for parameters a checkpoint has no optimizer state for). After
-    the hooks every remaining entry must exist in the checkpoint with the same shape, or the
-    load fails naming it. Must not touch ``model`` or ``optimizer`` parameters.
-    Not ``firstresult``; should not need cross-rank communication.
+    May mutate ``state`` in place: move an entry's tensor under the key an older layout used
+    (read from there, loaded back under its live name), or add entry keys
+    (``"optim.state.<fqn>.exp_avg"``) to ``ctx.keep_fresh`` to keep their fresh value (the core
+    does so for parameters a checkpoint has no optimizer state for). Every remaining entry must
+    then exist in the checkpoint with its shape, or the load fails naming it. Must not touch
+    ``model`` or ``optimizer`` parameters. Not ``firstresult``; no cross-rank communication.
     """
 
 
@@ -441,9 +444,7 @@ def graft_export_slots(
     family handles (fused experts split per expert with global ids, renamed keys), or None to
     leave it to the next handler; the core's default handler applies transformers' own
     conversion mapping (per-expert ids shifted by ``ctx.expert_offset``). Must not mutate
-    ``tensor`` (views are fine; the exporter copies them into its bucket). Fastest: return
-    ``tensor`` itself, or contiguous views that tile it (``tensor[i]`` for each expert): a full
-    export then copies (and casts) the whole parameter once and hands over views of the copy,
-    never calling the handler on real data, so slice real data exactly as a meta tensor of the
-    same shape.
+    ``tensor`` (views are fine). Fastest: return ``tensor`` or contiguous views tiling it
+    (``tensor[i]`` per expert): the whole parameter is then copied once and the handler is never
+    called on real data, so slice real data exactly as a meta tensor of the same shape.
     """

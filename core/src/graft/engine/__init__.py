@@ -4,13 +4,17 @@ Public API for model plugins (a family's own ``parallelize``; see docs/plugins.m
 families and expert parallelism"). Importing this package is cheap: each name is loaded from its
 module (which imports torch) on first access.
 
-* The run's meshes: `ParallelMeshes` (``meshes["dp"]``, ``meshes["ep"]``, ``meshes["efsdp"]``).
+* The run's meshes: `ParallelMeshes` (``meshes["shard"]``, ``meshes["dp"]``, ``meshes["sp"]``,
+  ``meshes["ep"]``, ``meshes["efsdp"]``).
 * The parallelize steps, in the order a family's ``parallelize`` composes them:
   `apply_activation_checkpointing`, `apply_compile`, `apply_pre_shard_hooks` (must run, once,
   before sharding), `apply_expert_parallel` (experts over ``ep``), `apply_fsdp` with
   `mixed_precision_policy`; `parallelize_standard` is the core's own composition of them.
 * Expert-parallel pieces for a hand-written experts forward: `shard_experts`,
   `dispatch_tokens`, `combine_tokens`, `grouped_linear`, `local_expert_weight`.
+* Sequence parallelism, for a plugin whose attention spans the ``sp`` ranks
+  (`graft.engine.sequence_parallel`): `SequenceShard` (this rank's part of every row) and
+  `active_shard` (the shard of the split forward running now, or None).
 * Which pass a forward belongs to (the ``phase`` of ``graft_prepare_inputs`` and
   ``graft_post_forward``): `Phase`, `PHASES`, `ROLLOUT_LOGPROBS`, `OLD_LOGPROBS`,
   `REF_LOGPROBS`, `UPDATE`, `SFT`.
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
         UPDATE,
         Phase,
     )
+    from graft.engine.sequence_parallel import SequenceShard, active_shard
 
 __all__ = [
     "OLD_LOGPROBS",
@@ -59,6 +64,8 @@ __all__ = [
     "UPDATE",
     "ParallelMeshes",
     "Phase",
+    "SequenceShard",
+    "active_shard",
     "apply_activation_checkpointing",
     "apply_compile",
     "apply_expert_parallel",
@@ -81,6 +88,7 @@ _MODULE_OF = {
     **dict.fromkeys(["apply_activation_checkpointing", "apply_compile", "apply_fsdp",
                      "apply_pre_shard_hooks", "mixed_precision_policy", "parallelize_standard"],
                     "graft.engine.parallelize"),
+    **dict.fromkeys(["SequenceShard", "active_shard"], "graft.engine.sequence_parallel"),
     **dict.fromkeys(["OLD_LOGPROBS", "PHASES", "REF_LOGPROBS", "ROLLOUT_LOGPROBS", "SFT",
                      "UPDATE", "Phase"], "graft.engine.phase"),
 }

@@ -26,8 +26,10 @@ from graft.errors import ConfigError
 class DistEnv:
     """This process's place in the run: its rank, device, parallel dimensions and meshes.
 
-    ``mesh`` is the data-parallel mesh (all ranks: what non-expert parameters are sharded over);
-    ``meshes`` holds every dimension's mesh by name.
+    ``mesh`` is the sharding mesh (all ranks: what non-expert parameters are sharded over);
+    ``meshes`` holds every dimension's mesh by name. Data is split over the ``dp`` ranks; the
+    ``sp`` ranks of one data-parallel rank share its data and split every row
+    (`graft.engine.sequence_parallel`).
     """
 
     rank: int
@@ -38,8 +40,9 @@ class DistEnv:
 
     @property
     def mesh(self) -> DeviceMesh:
-        """The data-parallel mesh (``meshes["dp"]``)."""
-        return self.meshes.dp
+        """The sharding mesh (``meshes["shard"]``: all ranks; the data-parallel mesh without
+        sequence parallelism)."""
+        return self.meshes.shard
 
     @property
     def is_main(self) -> bool:
@@ -61,6 +64,21 @@ class DistEnv:
         """The process group of the ``dp`` dimension (loss normalisers, metric reductions)."""
         return self.meshes.dp.get_group()
 
+    @property
+    def sp_size(self) -> int:
+        """Sequence-parallel size: how many ranks split each row of this rank's data (1: none)."""
+        return self.dims.sp
+
+    @property
+    def sp_rank(self) -> int:
+        """This rank's index along ``sp``: which part of every row its forward computes."""
+        return self.meshes.sp.get_local_rank() if self.meshes.sp is not None else 0
+
+    @property
+    def sp_group(self) -> dist.ProcessGroup | None:
+        """The process group of the ``sp`` dimension (None without sequence parallelism)."""
+        return self.meshes.sp.get_group() if self.meshes.sp is not None else None
+
 
 def resolve_device(preference: str) -> torch.device:
     """``auto`` picks CUDA when available, else CPU; ``cuda`` without a GPU is a config error."""
@@ -74,8 +92,13 @@ def resolve_device(preference: str) -> torch.device:
 _created_process_group = False
 
 
-def init_distributed(*, device_preference: str = "auto", ep_size: int = 1) -> DistEnv:
-    """Join (or create) the process group and build the device mesh; idempotent."""
+def init_distributed(*, device_preference: str = "auto", ep_size: int = 1,
+                     sp_size: int = 1) -> DistEnv:
+    """Join (or create) the process group and build the device mesh; idempotent.
+
+    ``ep_size``: expert-parallel size (``engine.ep_size``); ``sp_size``: sequence-parallel size
+    (`graft.engine.sequence_parallel.sequence_parallel_size` of the config).
+    """
     global _created_process_group
     device = resolve_device(device_preference)
     if device.type == "cuda":
@@ -87,7 +110,7 @@ def init_distributed(*, device_preference: str = "auto", ep_size: int = 1) -> Di
             dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    dims = ParallelDims(dist.get_world_size(), ep=ep_size)
+    dims = ParallelDims(dist.get_world_size(), ep=ep_size, sp=sp_size)
     return DistEnv(dist.get_rank(), dims.world_size, device, dims, dims.build_meshes(device.type))
 
 
@@ -138,4 +161,16 @@ def broadcast_object(value: Any, src: int = 0) -> Any:
         return value
     holder = [value]
     dist.broadcast_object_list(holder, src=src)
+    return holder[0]
+
+
+def share_within_sp(value: Any, env: DistEnv) -> Any:
+    """The first ``sp`` rank's ``value`` on every rank of its sequence-parallel group (pickled;
+    ``value`` itself without sequence parallelism): the ``sp`` ranks of one data-parallel rank
+    must train on the same samples, whatever each generated."""
+    if env.sp_group is None:
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=dist.get_global_rank(env.sp_group, 0),
+                               group=env.sp_group)
     return holder[0]

@@ -4,6 +4,8 @@ The same engine serves SFT and RL: the caller passes token samples (plus per-tok
 old log-probs and advantages) and a loss function over ``(num_sequences, max_len)`` matrices;
 the engine packs micro-batches, keeps the number of micro-batches equal on every rank (FSDP2
 collectives must match), computes global normalisers, and runs forward/backward and the step.
+With sequence parallelism each forward runs on this rank's part of every row and its outputs are
+gathered into whole rows (`graft.engine.sequence_parallel`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ from graft.engine.grad_norm import clip_grad_norm
 from graft.engine.micro_batch import MicroBatch, TokenSample, build_micro_batch
 from graft.engine.packing import plan_micro_batches
 from graft.engine.phase import SFT, UPDATE, Phase
+from graft.engine.sequence_parallel import (
+    SequenceShard,
+    backward_scale,
+    row_multiple,
+    sequence_split,
+    split_tensors,
+)
 from graft.errors import PluginError
 from graft.losses.aggregation import AggregationContext
 from graft.losses.registry import aggregate_loss
@@ -52,15 +61,18 @@ class PendingUpdate:
     tokens: int
     sums: dict[str, torch.Tensor]
     ctx: AggregationContext
+    # The data-parallel group: the sp ranks of one data-parallel rank hold the same totals.
+    group: Any = None
 
     def result(self) -> UpdateResult:
-        """All-reduce over ranks and convert to floats (metrics are averaged over the mask)."""
+        """All-reduce over the data-parallel ranks and convert to floats (metrics are averaged
+        over the mask)."""
         names = sorted(self.sums)
         device = self.loss_total.device
         packed = torch.stack([self.loss_total,
                               torch.tensor(float(self.tokens), dtype=torch.float64, device=device),
                               *[self.sums[n].to(device) for n in names]])
-        values = all_reduce(packed).tolist()
+        values = all_reduce(packed, group=self.group).tolist()
         metrics = {n: values[2 + i] / max(self.ctx.global_tokens, 1.0) for i, n in enumerate(names)}
         return UpdateResult(values[0] / self.ctx.dp_size, int(values[1]), metrics)
 
@@ -109,7 +121,8 @@ class TrainEngine:
                                 op=torch.distributed.ReduceOp.MIN)
             if int(agreed.item()):
                 break
-        bucket = engine.pad_to_length_bucket if engine.pad_to_length else None
+        bucket = row_multiple(engine.pad_to_length_bucket if engine.pad_to_length else None,
+                              self.env.sp_size)
         return [build_micro_batch(
             [samples[i] for i in group], packs_sequences=self.family.packs_sequences,
             pad_token_id=self.pad_token_id, pad_bucket=bucket,
@@ -144,7 +157,8 @@ class TrainEngine:
         sums: dict[str, torch.Tensor] = {}
         tokens = 0
         for cpu_batch in micro_batches:
-            batch, logp, entropy = self._forward(cpu_batch, phase, with_entropy=with_entropy)
+            batch, logp, entropy, shard = self._forward(cpu_batch, phase,
+                                                        with_entropy=with_entropy)
             mask = batch.to_sequences(batch.tensors["loss_mask"])
             seq_tensors = {k: batch.to_sequences(v) for k, v in batch.tensors.items()
                            if k not in ("input_ids", "labels", "position_ids")}
@@ -154,32 +168,62 @@ class TrainEngine:
             loss = aggregate_loss(loss_mat, mask, self.cfg.loss.loss_agg_mode, ctx)
             # Keeps the graph connected to the model even for an empty micro-batch, so every
             # rank runs the same FSDP2 collectives in backward.
-            (loss + 0.0 * logp.sum()).backward()
+            total = loss + 0.0 * logp.sum()
+            if shard.split:
+                # Inside the split: recomputed (checkpointed) blocks attend over whole rows too.
+                with sequence_split(shard):
+                    (total * backward_scale(shard)).backward()
+            else:
+                total.backward()
             loss_total += loss.detach().double()
             tokens += sum(s.length for s in batch.layout.segments)
             for name, values in metrics.items():
                 sums[name] = sums.get(name, 0.0) + (values.detach().double() * mask).sum()
-        return PendingUpdate(loss_total, tokens, sums, ctx)
+        return PendingUpdate(loss_total, tokens, sums, ctx, self.env.dp_group)
+
+    def sequence_shard(self, batch: MicroBatch) -> SequenceShard:
+        """The part of every row of ``batch`` this rank's forward computes (the whole rows
+        without sequence parallelism)."""
+        env = self.env
+        return SequenceShard(env.sp_rank, env.sp_size, batch.layout.row_length, env.sp_group,
+                             batch.tensors.get("position_ids"), batch.layout)
 
     def _forward(self, cpu_batch: MicroBatch, phase: Phase, *, with_entropy: bool = False
-                 ) -> tuple[MicroBatch, torch.Tensor, torch.Tensor | None]:
+                 ) -> tuple[MicroBatch, torch.Tensor, torch.Tensor | None, SequenceShard]:
         """One micro-batch through the model between the plugins' forward hooks.
 
         Tensors a ``graft_post_forward`` plugin returns are kept in ``cpu_batch`` for the
-        later passes over it.
+        later passes over it. With sequence parallelism the forward runs on this rank's part
+        of every row (`sequence_split`) and its outputs come back as whole rows.
         """
         hook = get_plugin_manager().hook
         batch = cpu_batch.to(self.env.device)
+        shard = self.sequence_shard(batch)
         hook.graft_prepare_inputs(batch=batch.tensors, pad_size=batch.layout.pad_size,
-                                  layout=batch.layout, cfg=self.cfg, phase=phase)
-        logp, entropy = forward_logprobs(self.model, self.family, batch,
-                                         compute_dtype=self.compute_dtype,
-                                         with_entropy=with_entropy,
-                                         chunk_tokens=self.cfg.engine.logprob_chunk_tokens)
-        kept = hook.graft_post_forward(batch=batch.tensors, layout=batch.layout, phase=phase,
-                                       cfg=self.cfg)
-        cpu_batch.keep(merge_kept(kept))
-        return batch, logp, entropy
+                                  layout=batch.layout, cfg=self.cfg, phase=phase, shard=shard)
+        if not shard.split:
+            logp, entropy = self._forward_logprobs(batch, with_entropy)
+            kept = merge_kept(hook.graft_post_forward(batch=batch.tensors, layout=batch.layout,
+                                                      phase=phase, cfg=self.cfg, shard=shard))
+            cpu_batch.keep(kept)
+            return batch, logp, entropy, shard
+        part = MicroBatch(split_tensors(batch.tensors, shard), batch.layout,
+                          batch.sequence_index, batch.sequence_valid)
+        with sequence_split(shard):
+            logp, entropy = self._forward_logprobs(part, with_entropy)
+        kept = merge_kept(hook.graft_post_forward(batch=part.tensors, layout=batch.layout,
+                                                  phase=phase, cfg=self.cfg, shard=shard))
+        cpu_batch.keep({name: shard.gather(tensor) for name, tensor in kept.items()})
+        # Gathered once: from here on every output is a whole-row grid, unpadded as usual.
+        logp = shard.gather(logp)
+        entropy = None if entropy is None else shard.gather(entropy)
+        return batch, logp, entropy, shard
+
+    def _forward_logprobs(self, batch: MicroBatch, with_entropy: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return forward_logprobs(self.model, self.family, batch, compute_dtype=self.compute_dtype,
+                                with_entropy=with_entropy,
+                                chunk_tokens=self.cfg.engine.logprob_chunk_tokens)
 
     @torch.no_grad()
     def logprobs(self, micro_batches: Sequence[MicroBatch], *, phase: Phase) -> list[torch.Tensor]:
@@ -195,7 +239,7 @@ class TrainEngine:
         self.model.eval()
         out = []
         for cpu_batch in micro_batches:
-            _, logp, _ = self._forward(cpu_batch, phase)
+            _, logp, _, _ = self._forward(cpu_batch, phase)
             out.append(logp.cpu())  # one device-to-host copy per micro-batch (logp is fp32)
         return out
 

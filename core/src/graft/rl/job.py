@@ -20,7 +20,7 @@ import torch
 
 from graft.data.dataset import load_prompts, load_validation_prompts
 from graft.data.sampler import EpochSampler
-from graft.engine.distributed import DistEnv, all_reduce
+from graft.engine.distributed import DistEnv, all_reduce, share_within_sp
 from graft.engine.micro_batch import MicroBatch, TokenSample
 from graft.engine.phase import OLD_LOGPROBS, REF_LOGPROBS, ROLLOUT_LOGPROBS
 from graft.engine.train_engine import LossFn, TrainEngine
@@ -129,6 +129,9 @@ class RLJob:
             samples = self.rollout.generate(prompts, self.spec) if prompts else []
         rollout_s = time.perf_counter() - started
         hook.graft_rollout_end(samples=samples, engine=kind, rollout=self.rollout, cfg=self.cfg)
+        # Sequence parallelism: the sp ranks of one data-parallel rank generated for the same
+        # prompts; they train on one set of samples (their first rank's), split by sequence.
+        samples = share_within_sp(samples, self.env)
         responses = [self._decode(s) for s in samples]
         rewards = torch.tensor(self._score(responses, texts, episodes), dtype=torch.float64)
         self._records = self._sample_records("train", texts, [self.prompts[i] for i in local],

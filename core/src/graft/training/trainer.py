@@ -13,6 +13,7 @@ from graft.checkpoint.manager import CheckpointManager
 from graft.config.auto import choices_comment, describe_choices, resolve_auto
 from graft.data.tokenizer import load_tokenizer
 from graft.engine.distributed import DistEnv, init_distributed
+from graft.engine.sequence_parallel import sequence_parallel_size
 from graft.engine.model_setup import build_parallel_model
 from graft.engine.parallelize import mixed_precision_policy
 from graft.engine.train_engine import TrainEngine
@@ -56,7 +57,8 @@ class Trainer:
         self.clock = RunClock()  # for time_to_first_step_s
         self.manager = get_plugin_manager()
         self.env = init_distributed(device_preference=cfg.engine.device,
-                                    ep_size=cfg.engine.ep_size)
+                                    ep_size=cfg.engine.ep_size,
+                                    sp_size=sequence_parallel_size(cfg, self.manager))
         self.run_dir = resolve_run_dir(cfg, is_main=self.env.is_main)
         written = cfg
         self.cfg = cfg = self._resolve_auto(cfg)

@@ -72,17 +72,18 @@ def graft_rollout_end(samples: list[Any]) -> None:
 
 
 @hookimpl
-def graft_prepare_inputs(batch: dict[str, Any], layout: Any, phase: str) -> None:
-    """Record, replay or route natively in this forward."""
+def graft_prepare_inputs(batch: dict[str, Any], layout: Any, phase: str, shard: Any) -> None:
+    """Record, replay or route natively in this forward (on ``shard``'s tokens: this rank's
+    part of every row under sequence parallelism)."""
     if (session := _session()) is not None:
-        session.prepare(batch, layout, phase)
+        session.prepare(batch, layout, phase, shard)
 
 
 @hookimpl
-def graft_post_forward(layout: Any) -> dict[str, Any] | None:
+def graft_post_forward(layout: Any, shard: Any) -> dict[str, Any] | None:
     """Keep what the forward recorded (R2's old-log-prob pass) for the update passes."""
     if (session := _session()) is not None:
-        return session.finish(layout)
+        return session.finish(layout, shard)
     return None
 
 

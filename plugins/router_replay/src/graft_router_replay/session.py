@@ -57,29 +57,32 @@ class ReplaySession:
         self.recorded_this_step = False
         self.controller.disable()
 
-    def prepare(self, batch: dict[str, Any], layout: Any, phase: str) -> None:
-        """Arm the controller for the forward of ``batch`` in ``phase``."""
+    def prepare(self, batch: dict[str, Any], layout: Any, phase: str, shard: Any = None) -> None:
+        """Arm the controller for the forward of ``batch`` in ``phase``; ``shard`` (a
+        `graft.engine.SequenceShard`, None: whole rows) is the part of every row it computes."""
         if layout.num_samples == 0:
             self.controller.disable()
         elif self.mode == R2 and phase == OLD_LOGPROBS:
             self.controller.record()
         elif phase in REPLAYED_PHASES[self.mode] and (self.mode == R3 or self.recorded_this_step):
-            self._arm_replay(batch, layout, phase)
+            self._arm_replay(batch, layout, phase, shard)
         else:
             self.controller.disable()
 
-    def finish(self, layout: Any) -> dict[str, torch.Tensor] | None:
-        """After a forward: the routes it recorded (kept for the later passes), or the check
-        that a replayed forward reached every recorded layer."""
+    def finish(self, layout: Any, shard: Any = None) -> dict[str, torch.Tensor] | None:
+        """After a forward: the routes it recorded on ``shard``'s part of every row (kept for
+        the later passes; the core gathers the parts), or the check that a replayed forward
+        reached every recorded layer."""
         if self.controller.state is not State.RECORD:
             self.controller.check_replayed()
             return None
         ids = self.controller.take_recorded()  # the model's own choices: in range by construction
         self.recorded_this_step = True
         self.controller.disable()
-        grid = (layout.num_rows, layout.row_length)
+        local = _local(shard)
+        grid = (layout.num_rows, layout.row_length if shard is None else shard.length)
         return {ROUTES: ids.to(torch.int16).reshape(*grid, *ids.shape[1:]),
-                VALID: real_tokens(layout).to(ids.device)}
+                VALID: local(real_tokens(layout)).to(ids.device)}
 
     def begin_rollout(self, rollout: Any) -> None:
         """R3: record the rollout's routing (hooks on a torch model, or the engine's output)."""
@@ -126,7 +129,7 @@ class ReplaySession:
         self.controller.remove()
         self._close_recorder()
 
-    def _arm_replay(self, batch: dict[str, Any], layout: Any, phase: str) -> None:
+    def _arm_replay(self, batch: dict[str, Any], layout: Any, phase: str, shard: Any) -> None:
         routes, valid = batch.get(ROUTES), batch.get(VALID)
         if routes is None or valid is None:
             raise RouteError(f"features.router_replay.mode={self.mode} replays routes in the "
@@ -136,9 +139,11 @@ class ReplaySession:
         if tuple(routes.shape[:2]) != grid or tuple(valid.shape) != grid:
             raise RouteError(f"routes {tuple(routes.shape)} and flags {tuple(valid.shape)} do not "
                              f"cover the micro-batch's {grid} token grid")
+        local = _local(shard)
+        routes, valid = local(routes), local(valid)
         flat = routes.reshape(-1, *routes.shape[2:])
         flags = valid.reshape(-1)
-        real = real_tokens(layout).to(routes.device).reshape(-1)
+        real = local(real_tokens(layout).to(routes.device)).reshape(-1)
         count = phase == UPDATE
         self.controller.replay(flat, native_rows(flat, flags), real, count=count)
         if count:
@@ -148,6 +153,11 @@ class ReplaySession:
         if self.recorder is not None:
             self.recorder.close()
             self.recorder = None
+
+
+def _local(shard: Any) -> Any:
+    """``shard.local`` (this rank's part of every row), or the identity without a shard."""
+    return shard.local if shard is not None else (lambda tensor: tensor)
 
 
 _active: ReplaySession | None = None
