@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from graft.engine.distributed import DistEnv, all_reduce
+from graft.engine.exact import exact_kernels
 from graft.engine.forward import forward_logprobs
 from graft.engine.grad_norm import clip_grad_norm
 from graft.engine.micro_batch import MicroBatch, TokenSample, build_micro_batch
@@ -153,8 +154,10 @@ class TrainEngine:
                 metrics = {**metrics, "entropy": batch.to_sequences(entropy)}
             loss = aggregate_loss(loss_mat, mask, self.cfg.loss.loss_agg_mode, ctx)
             # Keeps the graph connected to the model even for an empty micro-batch, so every
-            # rank runs the same FSDP2 collectives in backward.
-            (loss + 0.0 * logp.sum()).backward()
+            # rank runs the same FSDP2 collectives in backward. With rollout.exact, checkpointed
+            # blocks recompute with the exact kernels too (MoE routes as in the forward).
+            with exact_kernels(self.cfg.rollout.exact):
+                (loss + 0.0 * logp.sum()).backward()
             loss_total += loss.detach().double()
             tokens += sum(s.length for s in batch.layout.segments)
             for name, values in metrics.items():
@@ -175,7 +178,8 @@ class TrainEngine:
         logp, entropy = forward_logprobs(self.model, self.family, batch,
                                          compute_dtype=self.compute_dtype,
                                          with_entropy=with_entropy,
-                                         chunk_tokens=self.cfg.engine.logprob_chunk_tokens)
+                                         chunk_tokens=self.cfg.engine.logprob_chunk_tokens,
+                                         exact=self.cfg.rollout.exact)
         kept = hook.graft_post_forward(batch=batch.tensors, layout=batch.layout, phase=phase,
                                        cfg=self.cfg)
         cpu_batch.keep(merge_kept(kept))
