@@ -59,6 +59,9 @@ def exact_addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: f
 
 
 def exact_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` for 3-D ``a (B, M, K)``, ``b (B, K, N)``: `exact_mm` per batch entry."""
+    """``a @ b`` for 3-D ``a (B, M, K)``, ``b (B, K, N)``: `exact_mm` per batch entry (one
+    product per element when ``K`` is 1: rotary tables' ``inv_freq @ positions``)."""
+    if a.shape[-1] == 1:
+        return a * b
     return torch.stack([exact_mm(a[i], b[i]) for i in range(a.shape[0])]) if a.shape[0] else \
         a.new_empty((0, a.shape[1], b.shape[2]))

@@ -9,6 +9,8 @@ Only elementwise IEEE additions run, and their rounding does not depend on where
 memory. Padding a row to a larger power of two adds only exact zeros (the first halvings add
 ``x + 0 = x``), so the result is also the same whatever the padded width: a row of ``n`` keys
 attended in a window of 32 or of 4096 sums to the same bits (`graft.engine.exact.attention`).
+On CUDA a row is one Triton program instead (`graft.engine.exact.triton_reductions`: fixed
+blocks in order into fixed lanes, then a fixed tree), with the same two properties.
 
 SiLU and the sigmoid are written with ``exp`` because ATen's CPU kernels for them compute the
 tail of a tensor that does not fill a vector register with the scalar formula, which rounds
@@ -68,6 +70,10 @@ def _halve(x: torch.Tensor) -> torch.Tensor:
     n = x.shape[-1]
     if n == 0:
         return x.new_zeros(x.shape[:-1])
+    if x.is_cuda and x.dtype == torch.float32:  # one Triton program per row, never split
+        from graft.engine.exact.triton_reductions import row_sum
+
+        return row_sum(x)
     width = 1 << (n - 1).bit_length()
     if width != n:
         x = torch.nn.functional.pad(x, (0, width - n))
