@@ -9,7 +9,9 @@ default = no overrides, what `auto` picks (graft.config.auto; the only variant w
 skip; static = plus the static-cache decode copy, compiled by inductor (static-cudagraphs:
 Graft's own decode loop replaying the eager decode step from a CUDA graph); rows = static plus
 packed rows of at most 2048 tokens; graphs-rows = static-cudagraphs plus those rows; fused-rows
-= graphs-rows with the step's kernels fused by inductor, eager rounding kept (the default); flex
+= graphs-rows with the step's kernels fused by inductor, eager rounding kept (the default); exact
+= graphs-rows with ``rollout.exact=true`` (the batch-invariant kernels, per-step mismatch and
+exact fraction in its row, its step throughput over fused-rows' in ``exact_over_fused_rows``); flex
 = static plus FlexAttention for packed rows; every variant but default pins the settings
 `auto` would choose), then an SFT step through the last variant's engine on samples of the RL
 batch's lengths. The first step (warm-up) is left out of the averages; each row reports its
@@ -20,6 +22,7 @@ an empty torch.compile cache folder, then with the folder the first filled.
     python3 bench/rl_throughput.py --out $OUT/rl_throughput.json          # the defaults
     python3 bench/rl_throughput.py --cold-warm --out $OUT/rl_default.json
     python3 bench/rl_throughput.py --variants before fused-rows --out $OUT/rl_throughput.json
+    python3 bench/rl_throughput.py --variants fused-rows exact --no-sft --out $OUT/rl_exact.json
     python3 bench/rl_throughput.py --tiny --cold-warm                     # CPU smoke test
     python3 bench/rl_throughput.py --variants fused-rows --profile-rollout $OUT/profile.json
 """
@@ -68,6 +71,11 @@ VARIANTS = {
     "fused-rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
                    "rollout.decode_compile=cudagraphs", "rollout.decode_fuse_kernels=true",
                    "engine.max_tokens_per_row=2048", NO_COMPILE],
+    # fused-rows with rollout.exact: the batch-invariant kernels on both sides (graft.engine.exact;
+    # no fused decode kernels), the mismatch exactly 0 on every step
+    "exact": ["algorithm.old_logprobs=auto", "rollout.decode=static",
+              "rollout.decode_compile=cudagraphs", "rollout.decode_fuse_kernels=false",
+              "engine.max_tokens_per_row=2048", NO_COMPILE, "rollout.exact=true"],
     "flex": ["algorithm.old_logprobs=auto", "rollout.decode=static",
              "rollout.decode_compile=inductor",
              "model.attn_implementation=flex_attention", ONE_ROW, NO_COMPILE],
@@ -147,6 +155,10 @@ def rl_row(args: argparse.Namespace, variant: str, *,
             "rollout_s": mean(r["rollout_s"] for r in steady), "update_s": update_s,
             "step_s": mean(r["step_time_s"] for r in steady),
             "train_infer_logprob_diff": mean(r["train_infer_logprob_diff"] for r in steady),
+            # every step, the warm-up included (rollout.exact: 0.0 and 1.0 on each)
+            "train_infer_logprob_diff_per_step": [r["train_infer_logprob_diff"] for r in history],
+            "train_infer_logprob_exact_fraction_per_step": [
+                r.get("train_infer_logprob_exact_fraction") for r in history],
             "peak_memory_gib": max(r["peak_memory_gib"] for r in history)}, trainer
 
 
@@ -199,6 +211,17 @@ def main() -> None:
         rows.append(sft_row(args, trainer, measured[-1]))
         rl_rate = measured[-1]["update_tokens_per_s"] / rows[-1]["update_tokens_per_s"]
         result["rl_update_over_sft_tokens_per_s"] = round(rl_rate, 3)
+    by_variant = {r["variant"]: r for r in measured}
+    if "exact" in by_variant and "fused-rows" in by_variant:
+        exact, fast = by_variant["exact"], by_variant["fused-rows"]
+        result["exact_over_fused_rows"] = {
+            "step_throughput": round(fast["step_s"] / exact["step_s"], 3),
+            "rollout_tokens_per_s": round(exact["rollout_tokens_per_s"]
+                                          / fast["rollout_tokens_per_s"], 3),
+            "update_tokens_per_s": round(exact["update_tokens_per_s"]
+                                         / fast["update_tokens_per_s"], 3),
+            "mismatch_zero_every_step": all(
+                d == 0.0 for d in exact["train_infer_logprob_diff_per_step"])}
     if args.cold_warm:
         result["cold_warm"] = cold_warm(args)
     print(f"{'variant':<36} {'update tok/s':>12} {'TFLOP/s':>8} {'rollout tok/s':>13} "

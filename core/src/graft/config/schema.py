@@ -273,6 +273,14 @@ class RolloutConfig:
     # 43 s after a fresh process started there, 27 s with a filled compile cache. false:
     # capture the eager kernels.
     decode_fuse_kernels: bool = True
+    # Exact on-policy sampling: the trainer's forward and the embedded engine's prefill and
+    # decode steps compute every token's logits with batch-invariant kernels (graft.engine.exact:
+    # fixed-tile products, attention over each query's own key window, pairwise-tree
+    # reductions), so the rollout's sampling log-probs equal the trainer's bit for bit
+    # (train_infer_logprob_diff 0.0, train_infer_logprob_exact_fraction 1.0). Needs
+    # rollout.engine=embedded and a model of full causal attention (a ConfigError names what
+    # cannot be served); turns decode_fuse_kernels off. Costs: README.md, bench/README.md.
+    exact: bool = False
     # vLLM only: fraction of GPU memory for weights and KV cache; context length.
     gpu_memory_utilization: float = bounded(0.3, gt=0.0, le=1.0)
     max_model_len: int = bounded(1024, ge=1)

@@ -70,8 +70,24 @@ def gspo_has_no_dual_clip(cfg: Any, manager: GraftPluginManager) -> None:
     check_gspo_config(cfg)
 
 
+def exact_needs_what_it_can_serve(cfg: Any, manager: GraftPluginManager) -> None:
+    """``rollout.exact`` with an engine, a compiler or a model family its kernels cannot serve
+    (`graft.engine.exact.support`), refused before any rank starts."""
+    if not cfg.rollout.exact:
+        return
+    from graft.engine.exact.support import check_exact_settings, check_exact_support
+    from graft.models.build import resolve_config
+
+    check_exact_settings(cfg)
+    if cfg.model.path and _local_model_type(cfg.model.path) is None:
+        return  # not on this machine: checked when the model is built
+    config, family = resolve_config(cfg.model, manager)
+    check_exact_support(config, family)
+
+
 RULES: tuple[Callable[[Any, GraftPluginManager], None], ...] = (
-    group_estimator_needs_groups, expert_parallel_needs_a_family, gspo_has_no_dual_clip)
+    group_estimator_needs_groups, expert_parallel_needs_a_family, gspo_has_no_dual_clip,
+    exact_needs_what_it_can_serve)
 
 
 def validate_config(cfg: Any, manager: GraftPluginManager) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from graft.engine.logprobs import (_backward_math, _chunks, _forward_math, _fused,
+from graft.engine.logprobs import (_backward_math, _chunks, _forward_math, _fused, fuses,
                                    rows_entropy)
 
 Head = Callable[[torch.Tensor], torch.Tensor]
@@ -43,7 +43,7 @@ def _chunk_forward(logits: torch.Tensor, labels: torch.Tensor, inv_temperature: 
     """One chunk's log-probs, ``logsumexp`` and entropy, written into ``logp``, ``lse`` and
     ``entropy``: one fused kernel on CUDA, else (and for the entropy) eagerly on slices of
     `graft.engine.logprobs`'s size, so the fp32 temporaries stay small whatever the chunk."""
-    fused = logits.is_cuda
+    fused = fuses(logits)
     if fused:
         logp[:], lse[:] = _fused("forward")(logits, labels, inv_temperature)
     for rows in _chunks(*logits.shape):
@@ -59,7 +59,7 @@ def _chunk_grad(logits: torch.Tensor, labels: torch.Tensor, inv_temperature: tor
     """The gradient of one chunk's logits (in their dtype) from the log-probs' and entropy's:
     one fused kernel on CUDA for the log-probs alone, else eagerly on slices of
     `graft.engine.logprobs`'s size."""
-    if grad_entropy is None and logits.is_cuda:
+    if grad_entropy is None and fuses(logits):
         return _fused("backward")(logits, labels, inv_temperature, lse, grad_logp)
     grad_logits = torch.empty_like(logits)
     for rows in _chunks(*logits.shape):

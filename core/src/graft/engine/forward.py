@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from graft.engine.chunked_head import chunked_head_logprobs
+from graft.engine.exact import exact_kernels
 from graft.engine.logprobs import token_entropy, token_logprobs
 from graft.engine.micro_batch import MicroBatch
 from graft.models.family import ModelFamily
@@ -16,14 +17,25 @@ from graft.models.family import ModelFamily
 
 def forward_logprobs(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch, *,
                      compute_dtype: torch.dtype, with_entropy: bool = False,
-                     chunk_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     chunk_tokens: int = 0, exact: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability of every label, ``(R, L)`` fp32, and optionally the entropy.
 
     ``compute_dtype`` is the dtype the model computes in (bf16 under mixed precision); masks
     built for packed rows use it. ``chunk_tokens`` (``engine.logprob_chunk_tokens``) > 0 never
     forms the ``tokens x vocab`` logits: the model's head runs on that many tokens at a time
-    (`graft.engine.chunked_head`); 0 takes the whole logits from the model.
+    (`graft.engine.chunked_head`); 0 takes the whole logits from the model. ``exact``
+    (``rollout.exact``) runs it all with the exact kernels (`graft.engine.exact`), as the
+    embedded rollout engine does.
     """
+    with exact_kernels(exact):
+        return _logprobs(model, family, batch, compute_dtype=compute_dtype,
+                         with_entropy=with_entropy, chunk_tokens=chunk_tokens)
+
+
+def _logprobs(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch, *,
+              compute_dtype: torch.dtype, with_entropy: bool,
+              chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     t = batch.tensors
     mask = None
     if family.packs_sequences:

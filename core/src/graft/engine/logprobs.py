@@ -40,6 +40,16 @@ def _fused(kind: str) -> Callable[..., object]:
     return torch.compile(math, dynamic=True)
 
 
+def fuses(logits: torch.Tensor) -> bool:
+    """Whether the log-probs of ``logits`` take the compiled (fused) kernels: on CUDA, except
+    inside `graft.engine.exact.exact_kernels` (the eager math with the exact kernels there)."""
+    if not logits.is_cuda:
+        return False
+    from graft.engine.exact.mode import exact_active
+
+    return not exact_active()
+
+
 def _chunks(num_tokens: int, vocab: int) -> list[slice]:
     size = max(1, CHUNK_ELEMENTS // max(vocab, 1))
     return [slice(start, min(start + size, num_tokens)) for start in range(0, num_tokens, size)]
@@ -49,7 +59,7 @@ class _LogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, logits: torch.Tensor,
                 labels: torch.Tensor, inv_temperature: torch.Tensor) -> torch.Tensor:
-        if logits.is_cuda:
+        if fuses(logits):
             out, lse = _fused("forward")(logits, labels, inv_temperature)
         else:
             out = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
@@ -64,7 +74,7 @@ class _LogProb(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx,
                  grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         logits, labels, inv_temperature, lse = ctx.saved_tensors
-        if logits.is_cuda:
+        if fuses(logits):
             return _fused("backward")(logits, labels, inv_temperature, lse, grad_out), None, None
         grad_logits = torch.empty_like(logits)
         for part in _chunks(*logits.shape):

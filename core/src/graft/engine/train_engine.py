@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from graft.engine.distributed import DistEnv, all_reduce
+from graft.engine.exact import exact_kernels
 from graft.engine.forward import forward_logprobs
 from graft.engine.grad_norm import clip_grad_norm
 from graft.engine.micro_batch import MicroBatch, TokenSample, build_micro_batch
@@ -167,14 +168,16 @@ class TrainEngine:
                 metrics = {**metrics, "entropy": batch.to_sequences(entropy)}
             loss = aggregate_loss(loss_mat, mask, self.cfg.loss.loss_agg_mode, ctx)
             # Keeps the graph connected to the model even for an empty micro-batch, so every
-            # rank runs the same FSDP2 collectives in backward.
+            # rank runs the same FSDP2 collectives in backward. With rollout.exact, checkpointed
+            # blocks recompute with the exact kernels too (MoE routes as in the forward).
             total = loss + 0.0 * logp.sum()
-            if shard.split:
-                # Inside the split: recomputed (checkpointed) blocks attend over whole rows too.
-                with sequence_split(shard):
-                    (total * backward_scale(shard)).backward()
-            else:
-                total.backward()
+            with exact_kernels(self.cfg.rollout.exact):
+                if shard.split:
+                    # Inside the split: recomputed (checkpointed) blocks attend over whole rows.
+                    with sequence_split(shard):
+                        (total * backward_scale(shard)).backward()
+                else:
+                    total.backward()
             loss_total += loss.detach().double()
             tokens += sum(s.length for s in batch.layout.segments)
             for name, values in metrics.items():
@@ -223,7 +226,8 @@ class TrainEngine:
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return forward_logprobs(self.model, self.family, batch, compute_dtype=self.compute_dtype,
                                 with_entropy=with_entropy,
-                                chunk_tokens=self.cfg.engine.logprob_chunk_tokens)
+                                chunk_tokens=self.cfg.engine.logprob_chunk_tokens,
+                                exact=self.cfg.rollout.exact)
 
     @torch.no_grad()
     def logprobs(self, micro_batches: Sequence[MicroBatch], *, phase: Phase) -> list[torch.Tensor]:

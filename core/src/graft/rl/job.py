@@ -38,6 +38,8 @@ from graft.training.metrics import console_print
 from graft.training.samples import SampleLog, format_sample, sample_records
 
 MISMATCH = "train_infer_logprob_diff"
+# share of response tokens whose rollout log-prob equals the trainer's bit for bit
+EXACT_FRACTION = "train_infer_logprob_exact_fraction"
 
 
 def rl_loss(cfg: Any, *, on_policy: bool = False) -> LossFn:
@@ -56,7 +58,9 @@ def rl_loss(cfg: Any, *, on_policy: bool = False) -> LossFn:
                                            advantages=tensors["advantages"], mask=mask,
                                            cfg=loss_cfg, root_cfg=cfg, tensors=tensors)
         if on_policy:
-            metrics = {**metrics, MISMATCH: (old - tensors["rollout_logprobs"]).abs()}
+            rollout = tensors["rollout_logprobs"]
+            metrics = {**metrics, MISMATCH: (old - rollout).abs(),
+                       EXACT_FRACTION: (old == rollout).float()}
         if loss_cfg.kl_coef > 0:
             kl = kl_penalty(logp, tensors["ref_logprobs"], loss_cfg.kl_type)
             loss = loss + loss_cfg.kl_coef * kl
@@ -233,26 +237,29 @@ class RLJob:
             olds = engine.logprobs(batches, phase=OLD_LOGPROBS)
             for batch, old in zip(batches, olds, strict=True):
                 batch.tensors["old_logprobs"] = old
-            mismatch = {MISMATCH: self._mismatch(batches)}
+            mismatch = self._mismatch(batches)
         if self.reference is not None:
             for batch, ref in zip(batches, self.reference.logprobs(batches, phase=REF_LOGPROBS),
                                   strict=True):
                 batch.tensors["ref_logprobs"] = ref
         return mismatch
 
-    def _mismatch(self, batches: list[MicroBatch]) -> float:
-        """Mean |old - rollout| log-prob per response token, over all ranks."""
-        diff_sum = count = 0.0
+    def _mismatch(self, batches: list[MicroBatch]) -> dict[str, float]:
+        """Mean |old - rollout| log-prob per response token and the share of those tokens
+        where the two are bit-equal, over all ranks (weighted by the loss mask)."""
+        diff_sum = equal = count = 0.0
         for batch in batches:
             mask = batch.tensors["loss_mask"]
+            old, rollout = batch.tensors["old_logprobs"], batch.tensors["rollout_logprobs"]
             # `where`, not `* mask`: whatever the pad holds cannot reach the sum (inf * 0 = nan).
-            diff = torch.where(mask != 0, (batch.tensors["old_logprobs"]
-                                           - batch.tensors["rollout_logprobs"]).abs() * mask, 0.0)
+            diff = torch.where(mask != 0, (old - rollout).abs() * mask, 0.0)
             diff_sum += float(diff.sum())
+            equal += float(torch.where(mask != 0, (old == rollout) * mask, 0.0).sum())
             count += float(mask.sum())
-        totals = all_reduce(torch.tensor([diff_sum, count], dtype=torch.float64,
+        totals = all_reduce(torch.tensor([diff_sum, equal, count], dtype=torch.float64,
                                          device=self.env.device), group=self.env.dp_group)
-        return float(totals[0]) / max(float(totals[1]), 1.0)
+        tokens = max(float(totals[2]), 1.0)
+        return {MISMATCH: float(totals[0]) / tokens, EXACT_FRACTION: float(totals[1]) / tokens}
 
     def _update(self, engine: TrainEngine, batches: list[MicroBatch], *,
                 on_policy: bool) -> dict[str, float]:

@@ -22,7 +22,8 @@ def build_embedded(*, cfg: Any, engine: Any, env: Any, tokenizer: Any) -> Any:
                            static_copy_dtype=engine.compute_dtype if static else None,
                            compile_backend=cfg.rollout.decode_compile,
                            fuse_decode_kernels=cfg.rollout.decode_fuse_kernels,
-                           left_padding_exact=engine.family.left_padding_exact, cfg=cfg)
+                           left_padding_exact=engine.family.left_padding_exact, cfg=cfg,
+                           exact=cfg.rollout.exact)
 
 
 def build_vllm(*, cfg: Any, engine: Any, env: Any, run_dir: Path, tokenizer: Any) -> Any:

@@ -11,6 +11,10 @@ static cache, which transformers compiles (CUDA graphs) on GPU; ranks generate i
 With ``rollout.decode_compile=cudagraphs`` Graft's own loop (`graft.rollout.graphed_decode`)
 replays the decode step from a CUDA graph instead, for models it can run (on GPU its kernels fused
 by inductor with the eager rounding, ``rollout.decode_fuse_kernels``).
+
+``exact`` (``rollout.exact``): generation and its log-probs run inside
+`graft.engine.exact.exact_kernels`, as the trainer's forward does, so the log-probs are the
+trainer's bit for bit (no fused decode kernels then).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
+from graft.engine.exact import exact_kernels
 from graft.engine.logprobs import token_logprobs
 from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos, refuse_extras
 
@@ -35,8 +40,9 @@ class EmbeddedRollout:
                  device: torch.device, reshard_blocks: bool = True,
                  static_copy_dtype: torch.dtype | None = None,
                  compile_backend: str = "inductor", fuse_decode_kernels: bool = False,
-                 left_padding_exact: bool = True, cfg: Any = None) -> None:
+                 left_padding_exact: bool = True, cfg: Any = None, exact: bool = False) -> None:
         self.model = model
+        self.exact = exact
         self.left_padding_exact = left_padding_exact
         self.reshard_blocks = reshard_blocks
         self.pad_token_id = pad_token_id
@@ -55,7 +61,8 @@ class EmbeddedRollout:
                                               eos_token_id=eos_token_id,
                                               use_graphs=device.type == "cuda",
                                               fuse_kernels=fuse_decode_kernels
-                                              and device.type == "cuda")
+                                              and device.type == "cuda" and not exact,
+                                              exact=exact)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
@@ -107,10 +114,12 @@ class EmbeddedRollout:
                        pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
                        return_dict_in_generate=True, output_logits=True)
         if self.copy is not None:
-            out = self.copy.model.generate(**options, **self.copy.cache_options())
+            with exact_kernels(self.exact):
+                out = self.copy.model.generate(**options, **self.copy.cache_options())
         else:
             self.model.eval()
-            with GatheredParameters(self.model, reshard_blocks=self.reshard_blocks):
+            with GatheredParameters(self.model, reshard_blocks=self.reshard_blocks), \
+                    exact_kernels(self.exact):
                 out = self.model.generate(**options, synced_gpus=dist.is_initialized()
                                           and dist.get_world_size() > 1)
         new_tokens = out.sequences[:, ids.shape[1]:]
@@ -118,8 +127,9 @@ class EmbeddedRollout:
         # of all (sequences x steps x vocab) logits.
         temperature = torch.full((ids.shape[0],), spec.temperature or 1.0,
                                  device=new_tokens.device)
-        logprobs = torch.stack([token_logprobs(step, new_tokens[:, i], temperature)
-                                for i, step in enumerate(out.logits)], dim=1)
+        with exact_kernels(self.exact):
+            logprobs = torch.stack([token_logprobs(step, new_tokens[:, i], temperature)
+                                    for i, step in enumerate(out.logits)], dim=1)
         return new_tokens, logprobs
 
     def request_extras(self, *names: str) -> None:

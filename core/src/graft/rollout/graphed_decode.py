@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from graft.engine.exact import exact_kernels
+from graft.engine.exact.attention import EXACT_ATTENTION
 from graft.engine.logprobs import token_logprobs
 from graft.models.family import standard_decoder_blocks
 from graft.models.kv_cache import cache_keyword
@@ -64,7 +66,7 @@ ATTENDED_LENGTHS = 8  # at most this many attended lengths (graphs) per batch si
 BATCH_SIZE_STEPS = 8  # a batch shrinks in steps of about 1/8 of where it started
 # The attention implementations this loop hands a ready 4-D mask to: SDPA takes a boolean one
 # (True: attend; the loop's own grouped-query attention too), eager an additive one.
-MASKS = ("sdpa", GROUPED_ATTENTION, "eager")
+MASKS = ("sdpa", GROUPED_ATTENTION, EXACT_ATTENTION, "eager")
 
 
 def decodes_with_graphs(model: torch.nn.Module) -> bool:
@@ -102,7 +104,8 @@ class GraphedDecoder:
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_id: int | None,
                  use_graphs: bool, fuse_kernels: bool = False, check_every: int = 16,
                  min_batch: int = 8,
-                 decoder_blocks: Sequence[torch.nn.Module] | None = None) -> None:
+                 decoder_blocks: Sequence[torch.nn.Module] | None = None,
+                 exact: bool = False) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
@@ -110,17 +113,24 @@ class GraphedDecoder:
         self.check_every = check_every
         self.min_batch = min_batch
         # (a model another decoder switched to the grouped-query attention takes it as well)
-        self.boolean_mask = model.config._attn_implementation in ("sdpa", GROUPED_ATTENTION)
+        self.boolean_mask = model.config._attn_implementation in ("sdpa", GROUPED_ATTENTION,
+                                                                  EXACT_ATTENTION)
         self._cache_keyword = cache_keyword(model)  # ``cache`` from transformers 5.24 on
-        if self.boolean_mask:
+        # exact (rollout.exact): every forward and log-prob inside the exact kernels, with the
+        # exact attention the model was given (`graft.engine.exact`); nothing fused
+        self.exact = exact
+        if exact and model.config._attn_implementation != EXACT_ATTENTION:
+            raise ValueError("an exact GraphedDecoder needs a model with the exact kernels "
+                             "installed (graft.engine.exact.install_exact_kernels)")
+        if self.boolean_mask and not exact:
             use_grouped_query_attention(model)
         # One cache slot past the last attended length, never attended: the attended keys are
         # then never the whole cache, whose contiguous view would be another compiled graph
         # (`fuse_kernels`) than the shorter, strided ones.
         self._spare_cache_slots = 1 if self.boolean_mask else 0
         self.batch_sizes: list[int] = []  # the batch sizes the last `generate` decoded at
-        self.fuse_kernels = fuse_kernels
-        if fuse_kernels:  # compiled on the first step (the first graph's warm-up on GPU)
+        self.fuse_kernels = fuse_kernels and not exact
+        if self.fuse_kernels:  # compiled on the first step (the first graph's warm-up on GPU)
             compile_decoder_blocks(decoder_blocks or standard_decoder_blocks(model),
                                    options={"emulate_precision_casts": True})
         self._states: dict[tuple[int, int], _DecodeState] = {}
@@ -219,8 +229,9 @@ class GraphedDecoder:
             # torch.multinomial's own draw of one sample (the argmax of p / q, q ~ Exp(1)): the
             # same tokens, without its checks of p, two more passes over the vocabulary a step
             token = probs.div_(torch.empty_like(probs).exponential_()).argmax(dim=-1)
-        logprob = token_logprobs(logits, token, finished.new_full(
-            finished.shape, spec.temperature or 1.0, dtype=torch.float32))
+        with exact_kernels(self.exact):
+            logprob = token_logprobs(logits, token, finished.new_full(
+                finished.shape, spec.temperature or 1.0, dtype=torch.float32))
         token = torch.where(finished, self.pad_token_id, token)
         logprob = torch.where(finished, 0.0, logprob)
         if self.eos_token_id is not None:
@@ -292,9 +303,10 @@ class GraphedDecoder:
         if self.boolean_mask:  # the grouped-query attention reads only the prompt's slots
             attend = attend[..., :prompt_length]
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=self._mask(attend[:, None]),
-                         position_ids=positions, use_cache=True, logits_to_keep=1,
-                         **{self._cache_keyword: state.cache})
+        with exact_kernels(self.exact):
+            out = self.model(input_ids=ids, attention_mask=self._mask(attend[:, None]),
+                             position_ids=positions, use_cache=True, logits_to_keep=1,
+                             **{self._cache_keyword: state.cache})
         state.positions.copy_(positions[:, -1:] + 1)
         state.slot.fill_(prompt_length)
         return out.logits[:, -1]
@@ -304,7 +316,7 @@ class GraphedDecoder:
         """One decode step from the state's fixed tensors (what a graph records), attending to
         the first ``attended`` cache slots."""
         state.key_valid.index_fill_(1, state.slot, True)
-        with compiled_blocks(self.fuse_kernels):
+        with compiled_blocks(self.fuse_kernels), exact_kernels(self.exact):
             out = self.model(input_ids=state.tokens,
                              attention_mask=self._mask(state.key_valid[:, None, None, :attended]
                                                        .contiguous()),

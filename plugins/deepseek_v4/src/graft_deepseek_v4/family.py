@@ -80,4 +80,6 @@ def deepseek_v4_family() -> ModelFamily:
                        init_weights=seeded_hash_table,
                        prepare_model=prepare_model,
                        router_modules=routers_at("gate"), routing_weights=routing_weights,
-                       static_routing=is_hash_router)
+                       static_routing=is_hash_router,
+                       exact_unsupported="its compressed attention and sparse indexer (top-k "
+                       "key selection) have no exact kernel yet")

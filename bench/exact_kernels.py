@@ -1,0 +1,191 @@
+"""Each ``rollout.exact`` kernel (graft.engine.exact) against the default kernel it replaces, at
+a 1.1B model's decode and training shapes (TinyLlama: hidden 2048, MLP 5632, 32 heads of 64, 4
+key/value heads, vocabulary 32000), bf16 on one GPU: median time of each, their ratio, and
+whether each one's rows are bit-identical between a small and a large batch (the exact ones must
+be; the default ones usually are not).
+
+- matmul: ``exact_mm`` (Triton, one tile configuration) vs ``torch.mm`` (cuBLAS), M = the decode
+  batch (32, 256) and the training micro-batch (2048, 16384 tokens), for each layer's (K, N);
+- rms: the RMSNorm's mean of squares, ``tree_mean`` (one Triton program per row) vs ``mean``;
+- logsumexp: the log-prob's normaliser over the vocabulary, ``exact_logsumexp`` vs ``torch``;
+- attention: ``invariant_attention`` vs SDPA, a decode step (256 rows, one query over a
+  512-slot cache) and a packed training row (2048 tokens, 8 samples of 256, boolean
+  block-diagonal mask as transformers builds it).
+
+    python3 bench/exact_kernels.py --out $OUT/exact_kernels.json
+    python3 bench/exact_kernels.py --tiny            # CPU smoke test (the CPU exact kernels)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from statistics import median
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from graft.engine.exact.attention import exact_attention_forward
+from graft.engine.exact.matmul import exact_mm
+from graft.engine.exact.reductions import exact_logsumexp, tree_mean
+
+HIDDEN, MLP, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 2048, 5632, 32000, 32, 4, 64
+LINEARS = {"q/o": (HIDDEN, HIDDEN), "k/v": (HIDDEN, KV_HEADS * HEAD_DIM),
+           "gate/up": (HIDDEN, MLP), "down": (MLP, HIDDEN), "head": (HIDDEN, VOCAB)}
+
+
+def timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    """Median milliseconds of ``fn`` (after two warm-up calls)."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - started) * 1e3)
+    return median(times)
+
+
+def rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> bool:
+    """Whether ``fn``'s first rows are the same bits for the first 1, 7 and all rows of ``x``."""
+    whole = fn(x)
+    return all(torch.equal(fn(x[:count]), whole[:count]) for count in (1, 7))
+
+
+def row(kind: str, shape: str, exact_ms: float, default_ms: float, exact_ok: bool,
+        default_ok: bool) -> dict[str, Any]:
+    return {"kernel": kind, "shape": shape, "exact_ms": round(exact_ms, 4),
+            "default_ms": round(default_ms, 4), "exact_over_default": round(exact_ms / default_ms, 3),
+            "exact_rows_invariant": exact_ok, "default_rows_invariant": default_ok}
+
+
+def matmul_rows(device, dtype, batches, linears, repeats) -> list[dict[str, Any]]:
+    out = []
+    for name, (inner, outer) in linears.items():
+        weight = torch.randn(outer, inner, device=device, dtype=dtype) / inner ** 0.5
+        for m in batches:
+            x = torch.randn(m, inner, device=device, dtype=dtype)
+            out.append(row("matmul", f"{name} M={m} K={inner} N={outer}",
+                           timed(lambda: exact_mm(x, weight.t()), device, repeats),
+                           timed(lambda: torch.mm(x, weight.t()), device, repeats),
+                           rows_invariant(lambda t: exact_mm(t, weight.t()), x),
+                           rows_invariant(lambda t: torch.mm(t, weight.t()), x)))
+    return out
+
+
+def reduction_rows(device, dtype, batches, hidden, vocab, repeats) -> list[dict[str, Any]]:
+    out = []
+    for m in batches:
+        x = torch.randn(m, hidden, device=device, dtype=torch.float32)
+        out.append(row("rms mean of squares", f"M={m} hidden={hidden}",
+                       timed(lambda: tree_mean(x * x, -1, keepdim=True), device, repeats),
+                       timed(lambda: (x * x).mean(-1, keepdim=True), device, repeats),
+                       rows_invariant(lambda t: tree_mean(t * t, -1), x),
+                       rows_invariant(lambda t: (t * t).mean(-1), x)))
+        logits = torch.randn(m, vocab, device=device, dtype=dtype).float()
+        out.append(row("logsumexp", f"M={m} vocab={vocab}",
+                       timed(lambda: exact_logsumexp(logits, -1), device, repeats),
+                       timed(lambda: torch.logsumexp(logits, -1), device, repeats),
+                       rows_invariant(lambda t: exact_logsumexp(t, -1), logits),
+                       rows_invariant(lambda t: torch.logsumexp(t, -1), logits)))
+    return out
+
+
+def attention_rows(device, dtype, shapes, repeats) -> list[dict[str, Any]]:
+    heads, kv_heads, dim = shapes["heads"], shapes["kv_heads"], shapes["dim"]
+    module = torch.nn.Module()
+    out = []
+    # decode: one query per row over a cache, the first `filled` slots valid (left pad 0)
+    batch, cache, filled = shapes["decode_batch"], shapes["cache"], shapes["filled"]
+    q = torch.randn(batch, heads, 1, dim, device=device, dtype=dtype)
+    k = torch.randn(batch, kv_heads, cache, dim, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    mask = (torch.arange(cache, device=device) < filled)[None, None, None].expand(batch, 1, 1,
+                                                                                  cache)
+    def exact_decode(q=q, k=k, v=v, mask=mask):
+        return exact_attention_forward(module, q, k, v, mask, scaling=dim ** -0.5)[0]
+
+    def default_decode(q=q, k=k, v=v, mask=mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=dim ** -0.5,
+                                              enable_gqa=True).transpose(1, 2)
+
+    def decode_invariant(fn):  # the first rows alone, against the whole batch
+        whole = fn()
+        return torch.equal(fn(q[:7], k[:7], v[:7], mask[:7]), whole[:7])
+
+    out.append(row("attention decode", f"batch={batch} cache={cache} filled={filled}",
+                   timed(exact_decode, device, repeats), timed(default_decode, device, repeats),
+                   decode_invariant(exact_decode), decode_invariant(default_decode)))
+    # training: one packed row of `samples` samples
+    length, samples = shapes["row"], shapes["samples"]
+    q = torch.randn(1, heads, length, dim, device=device, dtype=dtype)
+    k = torch.randn(1, kv_heads, length, dim, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    each = length // samples
+    segment = torch.arange(length, device=device) // each
+    slots = torch.arange(length, device=device)
+    mask = ((segment[:, None] == segment[None, :]) & (slots[None, :] <= slots[:, None]))[None, None]
+
+    def exact_train(q=q, k=k, v=v, mask=mask):
+        return exact_attention_forward(module, q, k, v, mask, scaling=dim ** -0.5)[0]
+
+    def default_train(q=q, k=k, v=v, mask=mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=dim ** -0.5,
+                                              enable_gqa=True).transpose(1, 2)
+
+    def packing_invariant(fn):  # the last sample alone (its own row), against the packed row
+        last = slice(length - each, length)
+        alone = fn(q[:, :, last], k[:, :, last], v[:, :, last], mask[..., last, last])
+        return torch.equal(alone[0], fn()[0, last])
+
+    out.append(row("attention packed row", f"tokens={length} samples={samples}",
+                   timed(exact_train, device, repeats), timed(default_train, device, repeats),
+                   packing_invariant(exact_train), packing_invariant(default_train)))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="CPU, tiny shapes (smoke test)")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if args.tiny:
+        device, dtype = torch.device("cpu"), torch.float32
+        batches, linears = (8, 256), {"q/o": (64, 128), "head": (64, 128)}
+        hidden, vocab = 64, 128
+        shapes = dict(heads=4, kv_heads=2, dim=32, decode_batch=8, cache=64, filled=40, row=256,
+                      samples=8)
+    else:
+        device, dtype = torch.device("cuda"), torch.bfloat16
+        batches, linears, hidden, vocab = (32, 256, 2048, 16384), LINEARS, HIDDEN, VOCAB
+        shapes = dict(heads=HEADS, kv_heads=KV_HEADS, dim=HEAD_DIM, decode_batch=256, cache=512,
+                      filled=384, row=2048, samples=8)
+    torch.manual_seed(0)
+    rows = matmul_rows(device, dtype, batches, linears, args.repeats)
+    rows += reduction_rows(device, dtype, (batches[1], batches[-1]), hidden, vocab, args.repeats)
+    rows += attention_rows(device, dtype, shapes, args.repeats)
+    result = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+              "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+              "dtype": str(dtype), "rows": rows}
+    print(f"{'kernel':<22} {'shape':<34} {'exact ms':>9} {'default ms':>10} {'ratio':>6} "
+          f"{'exact inv.':>10} {'default inv.':>12}")
+    for r in rows:
+        print(f"{r['kernel']:<22} {r['shape']:<34} {r['exact_ms']:>9.4f} {r['default_ms']:>10.4f} "
+              f"{r['exact_over_default']:>6.2f} {str(r['exact_rows_invariant']):>10} "
+              f"{str(r['default_rows_invariant']):>12}")
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump(result, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

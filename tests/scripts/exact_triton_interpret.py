@@ -1,0 +1,69 @@
+"""The CUDA exact kernels' logic, run by Triton's interpreter on CPU tensors (small shapes):
+each row's product and sum independent of the other rows, the window attention equal for a
+packed row and decode steps over a longer cache, and all of them close to the reference math.
+
+usage: TRITON_INTERPRET=1 python exact_triton_interpret.py   (prints OK)
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+from graft.engine.exact.attention import exact_attention_forward  # noqa: E402
+from graft.engine.exact.triton_attention import invariant_attention  # noqa: E402
+from graft.engine.exact.triton_matmul import invariant_mm  # noqa: E402
+from graft.engine.exact.triton_reductions import row_sum  # noqa: E402
+
+
+def check_matmul() -> None:
+    """Rows at the same place of a tile, in products of other sizes. (The interpreter's
+    ``tl.dot`` is numpy's BLAS, whose result for a row moves with the row's place in a tile;
+    the GPU's MMA instructions do not: bench/exact_kernels.py checks that on the GPU.)"""
+    torch.manual_seed(0)
+    a, w = torch.randn(140, 96), torch.randn(72, 96)
+    whole = invariant_mm(a, w.t())
+    for first, count in ((0, 1), (0, 3), (64, 1), (64, 70), (0, 140), (128, 12)):
+        assert torch.equal(invariant_mm(a[first:first + count], w.t()), whole[first:first + count])
+    torch.testing.assert_close(whole, a @ w.t(), rtol=1e-5, atol=1e-4)
+
+
+def check_row_sum() -> None:
+    x = torch.randn(5, 2500)
+    whole = row_sum(x)
+    assert torch.equal(row_sum(x[2:3]), whole[2:3])
+    assert torch.equal(row_sum(torch.cat([x, torch.zeros(5, 700)], -1)), whole)
+    torch.testing.assert_close(whole, x.sum(-1), rtol=1e-5, atol=1e-4)
+
+
+def check_attention() -> None:
+    torch.manual_seed(1)
+    heads, kv_heads, dim = 4, 2, 16
+    lengths = [5, 70, 9]  # 70: more than one block of keys
+    total = sum(lengths)
+    q = torch.randn(1, heads, total, dim)
+    k, v = torch.randn(1, kv_heads, total, dim), torch.randn(1, kv_heads, total, dim)
+    segment = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
+    slots = torch.arange(total)
+    mask = ((segment[:, None] == segment[None, :]) & (slots[None, :] <= slots[:, None]))[None, None]
+    packed = invariant_attention(q, k, v, mask, scale=0.25)
+    reference = exact_attention_forward(torch.nn.Module(), q, k, v, mask, scaling=0.25)[0]
+    torch.testing.assert_close(packed, reference, rtol=1e-5, atol=1e-5)
+    begin = 5  # the second sample: decode steps over a cache where it starts at slot 3
+    cache_k, cache_v = torch.randn(1, kv_heads, 90, dim), torch.randn(1, kv_heads, 90, dim)
+    cache_k[0, :, 3:73], cache_v[0, :, 3:73] = k[0, :, begin:begin + 70], v[0, :, begin:begin + 70]
+    for step in (0, 1, 63, 64, 69):
+        valid = (torch.arange(80) >= 3) & (torch.arange(80) <= 3 + step)
+        out = invariant_attention(q[:, :, begin + step:begin + step + 1], cache_k, cache_v,
+                                  valid[None, None, None], scale=0.25)
+        assert torch.equal(out[0, 0], packed[0, begin + step]), step
+
+
+if __name__ == "__main__":
+    check_matmul()
+    check_row_sum()
+    check_attention()
+    print("OK")
