@@ -441,6 +441,8 @@ def confirm(layout: Layout, rows: list[dict], fits: list[dict], args: argparse.N
     """One run of the variant that extrapolates longest, at ``--confirm-tokens`` or else the
     longest multiple of 8K within both its extrapolation and the time left."""
     best = max(fits, key=lambda f: f["largest_tokens_extrapolated"] or 0)
+    if args.confirm_variant:
+        best = next(f for f in fits if f["variant"] == args.confirm_variant)
     tokens = (best["largest_tokens_extrapolated"] or 0) // 8192 * 8192
     left = args.budget_s - (time.perf_counter() - started)
     if args.confirm_tokens:
@@ -486,6 +488,8 @@ def main() -> None:
     parser.add_argument("--usable", type=float, default=0.97,
                         help="share of the GPU's memory the extrapolation may fill")
     parser.add_argument("--budget-s", type=float, default=540.0)
+    parser.add_argument("--confirm-variant", default=None,
+                        help="confirm this variant (default: the one extrapolating longest)")
     parser.add_argument("--confirm-tokens", type=int, default=0,
                         help="confirm at this length (default: the longest the time left allows)")
     args = parser.parse_args()
