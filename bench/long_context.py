@@ -452,8 +452,10 @@ def confirm(layout: Layout, rows: list[dict], fits: list[dict], args: argparse.N
         if estimate is not None and estimate * 1.3 < left:
             break
         tokens -= 8192
-    out = {"largest_tokens_extrapolated": best["largest_tokens_extrapolated"],
-           "largest_variant": best["variant"], "confirmed_tokens": None}
+    longest = max(fits, key=lambda f: f["largest_tokens_extrapolated"] or 0)
+    out = {"largest_tokens_extrapolated": longest["largest_tokens_extrapolated"],
+           "largest_variant": longest["variant"], "confirmed_tokens": None,
+           "confirmed_variant": best["variant"]}
     if tokens <= lengths[-1]:
         out["confirm_status"] = "no time for a length beyond the measured ones"
         return out
