@@ -14,6 +14,7 @@ import torch
 
 from graft.checkpoint import LoadContext
 from graft.config import ModelConfig
+from graft.engine import SequenceShard
 from graft.engine.micro_batch import layout_rows
 from graft.export.context import ExportContext
 from graft.models import build_model
@@ -38,8 +39,9 @@ def calls(kind: str) -> list[tuple]:
 def test_hook_graft_prepare_inputs_extends_per_token_tensors(manager: GraftPluginManager) -> None:
     layout = layout_rows([5], packs_sequences=True, pad_bucket=4)
     batch = {"input_ids": torch.zeros(1, 8, dtype=torch.long), "demo_flags": torch.ones(1, 5)}
+    whole_rows = SequenceShard(rank=0, size=1, row_length=layout.row_length, layout=layout)
     manager.hook.graft_prepare_inputs(batch=batch, pad_size=layout.pad_size, layout=layout,
-                                      cfg=None, phase="update")
+                                      cfg=None, phase="update", shard=whole_rows)
     assert batch["demo_flags"].shape == (1, 8)
     assert batch["demo_flags"][0, 5:].sum() == 0
 
