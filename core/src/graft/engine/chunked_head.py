@@ -22,13 +22,9 @@ import torch
 
 from graft.engine.logprobs import (_backward_math, _chunks, _forward_math, _fused, fuses,
                                    rows_entropy)
+from graft.engine.token_chunks import add_chunk_grads, cast_like, token_chunks
 
 Head = Callable[[torch.Tensor], torch.Tensor]
-
-
-def _token_chunks(num_tokens: int, chunk_tokens: int) -> list[slice]:
-    return [slice(start, min(start + chunk_tokens, num_tokens))
-            for start in range(0, num_tokens, chunk_tokens)]
 
 
 def _entropy_grad(logits: torch.Tensor, inv_temperature: torch.Tensor, lse: torch.Tensor,
@@ -85,7 +81,7 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         lse = torch.empty_like(logp)
         entropy = torch.empty(num_tokens if with_entropy else 0, dtype=torch.float32,
                               device=hidden.device)
-        for part in _token_chunks(num_tokens, chunk_tokens):
+        for part in token_chunks(num_tokens, chunk_tokens):
             logits = head(hidden[part])
             _chunk_forward(logits, labels[part], inv_temperature[part], logp[part], lse[part],
                            entropy[part] if with_entropy else None)
@@ -108,7 +104,7 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
             grad_entropy = None
         if grad_logp is None and grad_entropy is None:
             return (grad_hidden, None, None, None, None, None, *[None for _ in params])
-        for part in _token_chunks(hidden.shape[0], ctx.chunk_tokens):
+        for part in token_chunks(hidden.shape[0], ctx.chunk_tokens):
             with torch.enable_grad():
                 h = hidden[part].detach().requires_grad_(wants_hidden)
                 logits = ctx.head(h)
@@ -122,15 +118,9 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
             if wants_hidden:
                 grad_hidden[part] = grads[0]
                 grads = grads[1:]
-            for index, grad in enumerate(grads):
-                if grad is None:
-                    continue
-                total = grad_params[index]
-                grad_params[index] = grad.float() if total is None else total.add_(grad)
+            add_chunk_grads(grad_params, grads)
             del logits, grad_logits, grads
-        return (grad_hidden, None, None, None, None, None,
-                *[None if g is None else g.to(p.dtype)
-                  for g, p in zip(grad_params, params, strict=True)])
+        return (grad_hidden, None, None, None, None, None, *cast_like(grad_params, params))
 
 
 def chunked_head_logprobs(head: torch.nn.Module | Head, hidden: torch.Tensor,

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from graft.engine.token_chunks import add_chunk_grads, cast_like, token_chunks
+
 logger = logging.getLogger("graft.engine")
 
 RECOMPUTED_ATTRIBUTE = "_graft_recomputed_norm"
@@ -40,9 +42,7 @@ NORM_CHUNK_TOKENS = 16384
 
 
 def _token_chunks(x: torch.Tensor) -> list[slice]:
-    tokens = x.shape[:-1].numel()
-    return [slice(start, min(start + NORM_CHUNK_TOKENS, tokens))
-            for start in range(0, tokens, NORM_CHUNK_TOKENS)]
+    return token_chunks(x.shape[:-1].numel(), NORM_CHUNK_TOKENS)
 
 
 class _RecomputedNorm(torch.autograd.Function):
@@ -70,13 +70,8 @@ class _RecomputedNorm(torch.autograd.Function):
         grad_params: list[torch.Tensor | None] = [None] * len(params)
         for part in parts:
             grad_x[part], *grads = _norm_grads(ctx.norm, flat[part], params, grad_flat[part])
-            for index, grad in enumerate(grads):
-                if grad is not None:  # summed over the chunks in fp32
-                    total = grad_params[index]
-                    grad_params[index] = grad.float() if total is None else total.add_(grad)
-        return (None, grad_x.reshape(x.shape),
-                *[None if g is None else g.to(p.dtype)
-                  for g, p in zip(grad_params, params, strict=True)])
+            add_chunk_grads(grad_params, grads)
+        return (None, grad_x.reshape(x.shape), *cast_like(grad_params, params))
 
 
 def _norm_grads(norm: torch.nn.Module, x: torch.Tensor, params: Sequence[torch.Tensor],

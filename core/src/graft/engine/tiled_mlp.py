@@ -23,14 +23,11 @@ from typing import Any
 
 import torch
 
+from graft.engine.token_chunks import add_chunk_grads, cast_like, token_chunks
+
 logger = logging.getLogger("graft.engine")
 
 TILED_ATTRIBUTE = "_graft_mlp_chunk_tokens"
-
-
-def _token_chunks(num_tokens: int, chunk_tokens: int) -> list[slice]:
-    return [slice(start, min(start + chunk_tokens, num_tokens))
-            for start in range(0, num_tokens, chunk_tokens)]
 
 
 class _TiledMLP(torch.autograd.Function):
@@ -40,7 +37,7 @@ class _TiledMLP(torch.autograd.Function):
         flat = x.reshape(-1, x.shape[-1])
         forward = type(mlp).forward
         out = torch.cat([forward(mlp, flat[part])
-                         for part in _token_chunks(flat.shape[0], chunk_tokens)])
+                         for part in token_chunks(flat.shape[0], chunk_tokens)])
         ctx.save_for_backward(x, *params)
         ctx.mlp, ctx.chunk_tokens = mlp, chunk_tokens
         return out.reshape(*x.shape[:-1], out.shape[-1])
@@ -56,21 +53,15 @@ class _TiledMLP(torch.autograd.Function):
         # gradient is the sum's storage)
         grad_params: list[torch.Tensor | None] = [None] * len(params)
         forward = type(ctx.mlp).forward
-        for part in _token_chunks(flat.shape[0], ctx.chunk_tokens):
+        for part in token_chunks(flat.shape[0], ctx.chunk_tokens):
             with torch.enable_grad():
                 chunk = flat[part].detach().requires_grad_()
                 out = forward(ctx.mlp, chunk)
             grads = torch.autograd.grad(out, [chunk, *params], grad_flat[part], allow_unused=True)
             grad_x[part] = grads[0]
-            for index, grad in enumerate(grads[1:]):
-                if grad is None:
-                    continue
-                total = grad_params[index]
-                grad_params[index] = grad.float() if total is None else total.add_(grad)
+            add_chunk_grads(grad_params, grads[1:])
             del out, grads
-        return (None, None, grad_x.reshape(x.shape),
-                *[None if g is None else g.to(p.dtype)
-                  for g, p in zip(grad_params, params, strict=True)])
+        return (None, None, grad_x.reshape(x.shape), *cast_like(grad_params, params))
 
 
 def _tiled_forward(self: torch.nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
