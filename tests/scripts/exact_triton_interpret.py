@@ -1,6 +1,8 @@
 """The CUDA exact kernels' logic, run by Triton's interpreter on CPU tensors (small shapes):
 each row's product and sum independent of the other rows, the window attention equal for a
-packed row and decode steps over a longer cache, and all of them close to the reference math.
+packed row and decode steps over a longer cache, and all of them close to the reference math;
+the attention's gradients equal to the CPU exact attention's (the Triton kernel has none of its
+own: `WindowAttention` gives it the ordinary attention's).
 
 usage: TRITON_INTERPRET=1 python exact_triton_interpret.py   (prints OK)
 """
@@ -13,6 +15,7 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
+from graft.engine.exact import exact_kernels  # noqa: E402
 from graft.engine.exact.attention import exact_attention_forward  # noqa: E402
 from graft.engine.exact.triton_attention import invariant_attention  # noqa: E402
 from graft.engine.exact.triton_matmul import invariant_mm  # noqa: E402
@@ -62,8 +65,39 @@ def check_attention() -> None:
         assert torch.equal(out[0, 0], packed[0, begin + step]), step
 
 
+def check_attention_gradients() -> None:
+    """Gradients through the Triton attention, inside the exact kernels' mode (which refuses
+    SDPA) as the trainer's backward runs: equal to the differentiable CPU exact attention's,
+    for a packed row with a query that attends nothing (a mask row of pads), an additive mask
+    covering fewer keys than the cache, and no mask (causal)."""
+    torch.manual_seed(2)
+    heads, kv_heads, dim = 4, 2, 16
+    segment = torch.tensor([0] * 6 + [1] * 9 + [2] * 3)
+    slots = torch.arange(len(segment))
+    packed = (segment[:, None] == segment[None, :]) & (slots[None, :] <= slots[:, None])
+    packed[-1] = False  # a query attending no key: output 0, gradient 0
+    additive = torch.zeros(1, 1, 18, 15).masked_fill(~packed[:, :15][None, None], -1e30)
+    additive[..., -1, :] = -1e30
+    for mask, keys in ((packed[None, None], 18), (additive, 20), (None, 18)):
+        q = torch.randn(1, heads, 18, dim, requires_grad=True)
+        k = torch.randn(1, kv_heads, keys, dim, requires_grad=True)
+        v = torch.randn(1, kv_heads, keys, dim, requires_grad=True)
+        weights = torch.randn(1, 18, heads, dim)
+        with exact_kernels():
+            (invariant_attention(q, k, v, mask, scale=0.25) * weights).sum().backward()
+        ours = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        reference = exact_attention_forward(torch.nn.Module(), q, k, v, mask, scaling=0.25)[0]
+        (reference * weights).sum().backward()
+        for got, expected in zip(ours, (q.grad, k.grad, v.grad), strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        assert ours[2].abs().sum() > 0
+
+
 if __name__ == "__main__":
     check_matmul()
     check_row_sum()
     check_attention()
+    check_attention_gradients()
     print("OK")

@@ -86,6 +86,8 @@ class ExactMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if _SUSPENDED:
+            return func(*args, **kwargs)
         kernel = KERNELS.get(func)
         if kernel is not None and args and _float(args[0]):
             return kernel(*args, **kwargs)
@@ -99,6 +101,7 @@ class ExactMode(TorchDispatchMode):
 
 
 _ACTIVE: list[bool] = []
+_SUSPENDED: list[bool] = []
 
 
 @contextmanager
@@ -120,3 +123,14 @@ def exact_active() -> bool:
     """True inside `exact_kernels` (callers with fused kernels of their own take the eager
     path there, which the mode makes exact)."""
     return bool(_ACTIVE)
+
+
+@contextmanager
+def ordinary_kernels() -> Iterator[None]:
+    """Inside `exact_kernels`, run the block with the ordinary kernels (a gradient that need
+    not be batch-invariant, through operators the exact mode refuses); a no-op outside."""
+    _SUSPENDED.append(True)
+    try:
+        yield
+    finally:
+        _SUSPENDED.pop()
