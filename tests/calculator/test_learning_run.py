@@ -1,6 +1,8 @@
 """``graft train rollout.environment=calculator`` on CPU: a tiny random Llama whose tokenizer
 has the tool's tags as single tokens learns, in 300 steps of 64 episodes, to call the
-calculator (one call per episode from about step 150), and the reward rises."""
+calculator (one call per episode from about step 50-90), and the reward rises. With optim.lr=1e-2
+the policy collapses onto one answer before it finds the tool (entropy 0.002 by step 200, calls
+0.0, on seeds 0-2); 3e-3 learns on seeds 0-4."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from graft_calculator import write_problems
 STEPS = 300
 
 
-@pytest.mark.slow  # a graft train process of 300 short steps (~25 s on 2 idle cores)
+@pytest.mark.slow  # a graft train process of 300 short steps (~40 s on 2 idle cores)
 def test_a_tiny_model_learns_to_call_the_calculator(graft_train, metrics_of, calculator_model,
                                                     tmp_path: Path) -> None:
     model = calculator_model
@@ -23,7 +25,7 @@ def test_a_tiny_model_learns_to_call_the_calculator(graft_train, metrics_of, cal
                 f"data.path={data}", "rollout.environment=calculator", "rollout.max_turns=2",
                 "rollout.max_new_tokens=6", "rollout.max_episode_tokens=16",
                 "features.calculator.call_reward=0.2", "rollout.prompts_per_step=8",
-                "rollout.n=8", "algorithm.reward_workers=1", "optim.lr=1e-2",
+                "rollout.n=8", "algorithm.reward_workers=1", "optim.lr=3e-3",
                 f"trainer.total_steps={STEPS}", "trainer.print_sample_every_steps=0",
                 "checkpoint.every_steps=0", "checkpoint.save_at_end=false",
                 "export.hf_at_end=false")
@@ -34,6 +36,6 @@ def test_a_tiny_model_learns_to_call_the_calculator(graft_train, metrics_of, cal
     calls = (mean(r["rollout/tool_calls_mean"] for r in first),
              mean(r["rollout/tool_calls_mean"] for r in last))
     assert reward[1] > reward[0] + 0.1, reward
-    assert calls[0] < 0.05 and calls[1] > 0.5, calls  # it learned to call the tool
+    assert calls[1] > 0.9 and calls[1] > calls[0] + 0.5, calls  # it learned to call the tool
     assert all(r["rollout/env_errors"] == 0 and r["rollout/turns_mean"] <= 2 for r in rows)
     assert max(r["train_infer_logprob_diff"] for r in rows) < 1e-5
