@@ -113,7 +113,7 @@ class WindowAttention(torch.autograd.Function):
                 mask: torch.Tensor | None, scale: float) -> torch.Tensor:
         ctx.save_for_backward(query, key, value, mask)
         ctx.scale = scale
-        return WindowAttention.apply(query, key, value, mask, scale)
+        return _window_attention(query, key, value, mask, scale=scale)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
