@@ -80,13 +80,21 @@ REFUSED: frozenset[str] = frozenset({
     "var", "var_mean", "std", "std_mean", "linalg_vector_norm", "convolution"})
 
 
+def _in_gradient_formula() -> bool:
+    """True while autograd runs a backward formula (grad mode is off there): gradients need not
+    be batch-invariant, so they take the ordinary (faster) kernels. A forward recomputed in
+    backward (activation checkpointing) runs with grad mode on and stays exact: its MoE routes
+    and activations are the forward's."""
+    return not torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1
+
+
 class ExactMode(TorchDispatchMode):
     """The dispatch mode behind `exact_kernels`."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if _SUSPENDED:
+        if _SUSPENDED or _in_gradient_formula():
             return func(*args, **kwargs)
         kernel = KERNELS.get(func)
         if kernel is not None and args and _float(args[0]):

@@ -1,0 +1,126 @@
+"""GPU check of ``rollout.exact`` (#27) at small shapes, for one short device call.
+
+1. ``gradients``: the Triton window attention (`graft.engine.exact.triton_attention`) inside
+   the exact kernels' mode, against SDPA: the output's largest difference and the gradients'
+   relative errors (q, k, v), bf16 and fp32, a packed row of three samples.
+2. ``model_gradients``: a small Llama with the exact kernels installed against the same weights
+   with SDPA, one forward + backward of a packed batch: every parameter has a gradient, and each
+   gradient's relative error.
+3. ``rl``: ``graft train rollout.exact=true`` on the tiny dense and MoE presets on the GPU (the
+   static decode loop from CUDA graphs): each step's ``train_infer_logprob_diff`` and exact
+   fraction (0.0 and 1.0 on every step), and the step times.
+
+    python3 bench/gpu/exact_check.py --out $OUT/exact_check.json
+    python3 bench/gpu/exact_check.py --device cpu --steps 2   # smoke test (parts 2 and 3)
+
+The result file is written after every part (a device call's time limit keeps what is done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import graft
+from graft.engine.exact import exact_kernels, install_exact_kernels
+
+RL_KEYS = ("train_infer_logprob_diff", "train_infer_logprob_exact_fraction", "loss",
+           "grad_norm", "reward_mean", "response_length", "rollout_s", "update_s", "step_time_s")
+
+
+def relative(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.float() - expected.float()).norm() / expected.float().norm().clamp_min(1e-30))
+
+
+def attention_gradients(device: str, dtype: torch.dtype) -> dict[str, Any]:
+    """The Triton attention against SDPA on one packed row (3 samples, GQA 8/2, head dim 64)."""
+    from graft.engine.exact.triton_attention import invariant_attention
+
+    torch.manual_seed(0)
+    segment = torch.tensor([0] * 100 + [1] * 300 + [2] * 112, device=device)
+    slots = torch.arange(len(segment), device=device)
+    mask = ((segment[:, None] == segment[None, :]) & (slots[None, :] <= slots[:, None]))[None, None]
+    q = torch.randn(1, 8, 512, 64, device=device, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, 2, 512, 64, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(1, 2, 512, 64, device=device, dtype=dtype, requires_grad=True)
+    weights = torch.randn(1, 512, 8, 64, device=device, dtype=dtype)
+    with exact_kernels():
+        out = invariant_attention(q, k, v, mask, scale=0.125)
+        (out.float() * weights).sum().backward()
+    ours = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    reference = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), attn_mask=mask,
+        scale=0.125).transpose(1, 2)
+    (reference.float() * weights).sum().backward()
+    return {"dtype": str(dtype), "output_max_abs_diff": float((out - reference).abs().max()),
+            **{f"grad_{n}_relative": relative(g, t.grad) for n, g, t
+               in zip("qkv", ours, (q, k, v), strict=True)}}
+
+
+def model_gradients(device: str) -> dict[str, Any]:
+    """A 2-layer Llama (hidden 256) in fp32: exact kernels against SDPA, same weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("llama", vocab_size=512, hidden_size=256, intermediate_size=512,
+                                  num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=64, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    plain = AutoModelForCausalLM.from_config(config).to(device)
+    exact = copy.deepcopy(plain)
+    install_exact_kernels(exact)
+    ids = torch.randint(0, 512, (2, 96), device=device)
+    plain(input_ids=ids, labels=ids).loss.backward()
+    with exact_kernels():
+        exact(input_ids=ids, labels=ids).loss.backward()
+    missing = [n for n, p in exact.named_parameters() if p.grad is None]
+    errors = {n: relative(p.grad, dict(plain.named_parameters())[n].grad)
+              for n, p in exact.named_parameters() if p.grad is not None}
+    return {"parameters": len(errors) + len(missing), "without_gradient": missing,
+            "largest_relative_error": max(errors.values()),
+            "q_proj_relative_error": errors["model.layers.0.self_attn.q_proj.weight"]}
+
+
+def rl_run(folder: Path, device: str, steps: int, preset: str) -> dict[str, Any]:
+    rows = graft.train(overrides=[
+        f"trainer.run_dir={folder}", f"engine.device={device}", f"model.preset={preset}",
+        "rollout.exact=true", "rollout.decode=static", "rollout.prompts_per_step=8", "rollout.n=4",
+        "rollout.max_new_tokens=24", f"trainer.total_steps={steps}", "checkpoint.every_steps=0",
+        "checkpoint.save_at_end=false", "export.hf_at_end=false",
+        "trainer.print_sample_every_steps=0"])
+    return {"steps": [{k: r.get(k) for k in RL_KEYS} for r in rows],
+            "exact_every_step": all(r["train_infer_logprob_diff"] == 0.0
+                                    and r["train_infer_logprob_exact_fraction"] == 1.0
+                                    for r in rows)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="exact_check.json")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    report: dict[str, Any] = {}
+
+    def save(part: str, value: Any) -> None:
+        report[part] = value
+        Path(args.out).write_text(json.dumps(report, indent=2))
+        print(part, json.dumps(value), flush=True)
+
+    if args.device == "cuda":
+        save("gradients", [attention_gradients("cuda", d) for d in (torch.bfloat16, torch.float32)])
+    save("model_gradients", model_gradients(args.device))
+    with tempfile.TemporaryDirectory() as root:
+        for preset in ("tiny-llama", "tiny-qwen3-moe"):
+            save(f"rl_{preset}", rl_run(Path(root) / preset, args.device, args.steps, preset))
+
+
+if __name__ == "__main__":
+    main()
