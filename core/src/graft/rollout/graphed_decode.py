@@ -37,7 +37,8 @@ largest single cost of a step at batch 256.
 
 Only for models whose attention is full and causal over one static cache (``layer_types`` all
 ``full_attention``, no sliding window): others keep transformers' path
-(`decodes_with_graphs`).
+(`decodes_with_graphs`). A model with transformers' eager MoE experts runs the same loop without
+graphs (`graft.rollout.capturable`).
 
 Memory: the cache of one cache length (``batch x length`` keys and values per layer; the
 smaller batches' caches are views of its first rows) and the graphs (one memory pool) stay
@@ -57,6 +58,7 @@ from graft.engine.exact.attention import EXACT_ATTENTION
 from graft.engine.logprobs import token_logprobs
 from graft.models.family import standard_decoder_blocks
 from graft.models.kv_cache import cache_keyword
+from graft.rollout.capturable import host_synchronising_experts
 from graft.rollout.decode_attention import GROUPED_ATTENTION, use_grouped_query_attention
 from graft.rollout.regional_compile import compile_decoder_blocks, compiled_blocks
 from graft.rollout.types import SamplingSpec
@@ -109,7 +111,8 @@ class GraphedDecoder:
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
-        self.use_graphs = use_graphs
+        # eager MoE experts find their tokens on the host: their step cannot be captured
+        self.use_graphs = use_graphs and not host_synchronising_experts(model)
         self.check_every = check_every
         self.min_batch = min_batch
         # (a model another decoder switched to the grouped-query attention takes it as well)

@@ -1,0 +1,22 @@
+"""What a CUDA graph cannot capture in a model's decode step.
+
+transformers' ``eager`` experts (the MoE implementation ``rollout.exact`` installs: grouped GEMMs
+have no exact kernel) loop over the experts the batch hit, which they find with ``nonzero`` on
+the host: a capture fails there ("operation not permitted when stream is capturing"). Such a
+model's decode step runs eagerly (`graft.rollout.graphed_decode.GraphedDecoder`), measured on an
+H200 with ``rollout.exact=true`` on tiny-qwen3-moe: the capture failed, the eager steps gave
+``train_infer_logprob_diff`` 0.0 on every step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def host_synchronising_experts(model: torch.nn.Module) -> list[str]:
+    """Names of ``model``'s MoE experts modules (transformers' experts convention:
+    ``num_experts``, ``has_gate``) that run transformers' ``eager`` loop over the hit experts."""
+    return [name for name, module in model.named_modules()
+            if hasattr(module, "num_experts") and hasattr(module, "has_gate")
+            and getattr(getattr(module, "config", None), "_experts_implementation",
+                        "eager") in (None, "eager")]
