@@ -2,10 +2,9 @@
 
 transformers' ``eager`` experts (the MoE implementation ``rollout.exact`` installs: grouped GEMMs
 have no exact kernel) loop over the experts the batch hit, which they find with ``nonzero`` on
-the host: a capture fails there ("operation not permitted when stream is capturing"). Such a
-model's decode step runs eagerly (`graft.rollout.graphed_decode.GraphedDecoder`), measured on an
-H200 with ``rollout.exact=true`` on tiny-qwen3-moe: the capture failed, the eager steps gave
-``train_infer_logprob_diff`` 0.0 on every step.
+the host: a capture fails there ("operation not permitted when stream is capturing", on an H200
+with ``rollout.exact=true`` on tiny-qwen3-moe). Such a model's decode step runs eagerly
+(`graft.rollout.graphed_decode.GraphedDecoder` without graphs, as on CPU).
 """
 
 from __future__ import annotations
