@@ -16,7 +16,7 @@ from graft_calculator import write_problems
 STEPS = 300
 
 
-@pytest.mark.slow  # a graft train process of 300 short steps (~40 s on 2 idle cores)
+@pytest.mark.slow  # a graft train process of 300 short steps (~80 s on 2 idle cores)
 def test_a_tiny_model_learns_to_call_the_calculator(graft_train, metrics_of, calculator_model,
                                                     tmp_path: Path) -> None:
     model = calculator_model
