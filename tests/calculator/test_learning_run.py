@@ -1,5 +1,5 @@
 """``graft train rollout.environment=calculator`` on CPU: a tiny random Llama whose tokenizer
-has the tool's tags as single tokens learns, in 300 steps of 64 episodes, to call the
+has the tool's tags as single tokens learns, in 200 steps of 64 episodes, to call the
 calculator (one call per episode from about step 50-90), and the reward rises. With optim.lr=1e-2
 the policy collapses onto one answer before it finds the tool (entropy 0.002 by step 200, calls
 0.0, on seeds 0-2); 3e-3 learns on seeds 0-4."""
@@ -13,10 +13,10 @@ import pytest
 
 from graft_calculator import write_problems
 
-STEPS = 300
+STEPS = 200
 
 
-@pytest.mark.slow  # a graft train process of 300 short steps (~80 s on 2 idle cores)
+@pytest.mark.slow  # a graft train process of 200 short steps (~55 s on 2 idle cores)
 def test_a_tiny_model_learns_to_call_the_calculator(graft_train, metrics_of, calculator_model,
                                                     tmp_path: Path) -> None:
     model = calculator_model
