@@ -1,4 +1,4 @@
-"""`install_exact_kernels`: switch a model to the exact attention and the per-expert MoE path."""
+"""`install_exact_kernels`: switch a model to the exact attention and the exact MoE experts."""
 
 from __future__ import annotations
 
@@ -7,17 +7,23 @@ from typing import Any
 import torch
 
 from graft.engine.exact.attention import EXACT_ATTENTION, register_exact_attention
+from graft.engine.exact.experts import (EXACT_EXPERTS, grouped_experts_supported,
+                                        register_exact_experts)
 from graft.engine.exact.support import check_exact_support
 
 
 def install_exact_kernels(model: torch.nn.Module, family: Any = None) -> None:
     """Make ``model`` (a transformers ``PreTrainedModel``, before sharding) attend with
-    `graft.engine.exact.attention` and run its MoE experts one linear layer per expert
-    (transformers' ``eager`` experts: grouped GEMMs have no exact kernel); the products and
-    reductions become exact inside `graft.engine.exact.exact_kernels`. A model the kernels
-    cannot serve is a `ConfigError` (`check_exact_support`)."""
+    `graft.engine.exact.attention` and run its MoE experts with `graft.engine.exact.experts`
+    (experts of another layout: transformers' ``eager`` loop; grouped GEMMs have no exact
+    kernel); the products and reductions become exact inside
+    `graft.engine.exact.exact_kernels`. A model the kernels cannot serve is a `ConfigError`
+    (`check_exact_support`)."""
     check_exact_support(model.config, family)
     register_exact_attention()
     model.set_attn_implementation(EXACT_ATTENTION)
-    if getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
+    if grouped_experts_supported(model):
+        register_exact_experts()
+        model.set_experts_implementation(EXACT_EXPERTS)
+    elif getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
         model.set_experts_implementation("eager")
