@@ -1,10 +1,10 @@
 """What a CUDA graph cannot capture in a model's decode step.
 
-transformers' ``eager`` experts (the MoE implementation ``rollout.exact`` installs: grouped GEMMs
-have no exact kernel) loop over the experts the batch hit, which they find with ``nonzero`` on
-the host: a capture fails there ("operation not permitted when stream is capturing", on an H200
-with ``rollout.exact=true`` on tiny-qwen3-moe). Such a model's decode step runs eagerly
-(`graft.rollout.graphed_decode.GraphedDecoder` without graphs, as on CPU).
+transformers' ``eager`` experts loop over the experts the batch hit, which they find with
+``nonzero`` on the host: a capture fails there ("operation not permitted when stream is
+capturing", on an H200 with ``rollout.exact=true`` on tiny-qwen3-moe when the exact mode used
+them; it now uses `graft.engine.exact.experts` where it can). Such a model's decode step runs
+eagerly (`graft.rollout.graphed_decode.GraphedDecoder` without graphs, as on CPU).
 """
 
 from __future__ import annotations
