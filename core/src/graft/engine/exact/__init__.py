@@ -8,6 +8,7 @@ the KV-cache length, so the rollout's sampling log-probs equal the trainer's bit
 - `graft.engine.exact.matmul`: products in fixed row tiles (Triton's fixed-tile kernel on CUDA);
 - `graft.engine.exact.attention`: attention over each query's own key window, reduced in its order;
 - `graft.engine.exact.reductions`: pairwise-tree sums, softmaxes, SiLU;
+- `graft.engine.exact.experts`: MoE experts (one grouped Triton product per projection on CUDA);
 - `graft.engine.exact.mode`: `exact_kernels`, the dispatch mode that puts them in the model;
 - `graft.engine.exact.support`: what they cannot serve (a `ConfigError` naming it).
 """

@@ -2,12 +2,14 @@
 kernels (`graft.engine.exact.matmul`, `graft.engine.exact.reductions`).
 
 A `TorchDispatchMode` swaps the ATen operators below autograd, so no model code changes and every
-family is covered the same way: the linear layers, the MoE experts (transformers' ``eager``
-experts call ``linear`` per expert) and routers, the norms (``mean``), softmaxes and the
-log-prob's ``logsumexp``. Autograd records the original operators, so the backward is the
-ordinary one. Operators that would reduce in a batch-dependent order and have no exact kernel
-(SDPA, grouped GEMMs, fused norms) raise `ExactKernelError` instead of silently rounding another
-way: the attention must be `graft.engine.exact.attention` (`install_exact_kernels`).
+family is covered the same way: the linear layers, the MoE experts (`graft.engine.exact.experts`;
+transformers' ``eager`` experts call ``linear`` per expert) and routers, the norms (``mean``),
+softmaxes and the log-prob's ``logsumexp``. Autograd records the original operators, so the
+backward is the ordinary one, and its formulas run the ordinary kernels
+(`_in_gradient_formula`). Operators that would reduce in a batch-dependent order and have no
+exact kernel (SDPA, grouped GEMMs, fused norms) raise `ExactKernelError` instead of silently
+rounding another way: the attention must be `graft.engine.exact.attention`
+(`install_exact_kernels`).
 """
 
 from __future__ import annotations
