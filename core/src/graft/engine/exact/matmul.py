@@ -7,9 +7,11 @@ logits differed between a decode step (``M`` = the batch) and the trainer's forw
 packed tokens). Here the rows are cut into tiles of `ROW_TILE` rows (the last one padded with
 zero rows) and every tile is a product of the same shape ``(ROW_TILE, K) x (K, N)`` (one batched
 call over the tiles, ``b`` broadcast): the library then runs the same kernel on every tile
-whatever ``M``, and a row's result depends only
-on that row (``tests/core/engine/exact`` checks it at every position of a tile, against other
-rows, for the shapes of the tiny presets and a 4096 x 4096 one).
+whatever ``M``, and a row's result depends only on that row (``tests/core/engine/exact`` checks
+it at every position of a tile, against other rows, for the shapes of the tiny presets and a
+4096 x 4096 one, on 1 to 3 threads). There are at least as many tiles as torch has threads: with
+fewer, MKL's batched product splits a tile's own product over the threads, in another order
+(measured with torch 2.13: 1 tile against 5 on 2 threads, 2 against 5 on 6 threads).
 
 On CUDA the product is `graft.engine.exact.triton_matmul`'s kernel instead: one tile
 configuration, the whole ``K`` loop in one program, no split-K.
@@ -36,9 +38,10 @@ def exact_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _tiled_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """One ``bmm`` over the row tiles against ``b`` broadcast to every tile (a single call:
-    a Python loop of ``mm`` calls paid OpenMP's start-up per tile)."""
+    a Python loop of ``mm`` calls paid OpenMP's start-up per tile), zero tiles added up to one
+    per thread so that each tile's product runs on one thread."""
     rows, inner = a.shape
-    padded_rows = max(-(-rows // ROW_TILE), 1) * ROW_TILE
+    padded_rows = max(-(-rows // ROW_TILE), torch.get_num_threads(), 1) * ROW_TILE
     tiles = a.new_zeros((padded_rows, inner))
     tiles[:rows] = a
     if not (b.is_contiguous() or b.t().is_contiguous()):

@@ -3,10 +3,10 @@
 Every (token, chosen expert) pair is one row. The rows are sorted by expert and each expert's
 rows padded to whole blocks of `BLOCK_M` (`graft.engine.exact.pair_plan`); one program computes
 one ``BLOCK_M x BLOCK_N`` tile of one expert's rows, looping over ``K`` in ``BLOCK_K`` steps in
-order with an fp32 accumulator, as `graft.engine.exact.triton_matmul` does for a plain product. A row's result depends only on that
-row and its expert's weights, whatever the batch, the other tokens' experts or where the row
-lands in its tile, so a token's expert output is the same in a decode step and in a packed
-training row. transformers' ``eager`` experts (the CPU path) find the hit experts with
+order with an fp32 accumulator, as `graft.engine.exact.triton_matmul` does for a plain
+product. A row's result depends only on that row and its expert's weights, whatever the batch,
+the other tokens' experts or where the row lands in its tile, so a token's expert output is the
+same in a decode step and in a packed training row. transformers' ``eager`` experts (the CPU path) find the hit experts with
 ``nonzero`` on the host, which a CUDA graph cannot capture (`graft.rollout.capturable`).
 
 The backward is the ordinary one (a loop over the hit experts, outside the exact kernels):
