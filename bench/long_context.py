@@ -12,6 +12,9 @@ Variants, each built from the core's own pieces:
                      (``engine.logprob_chunk_tokens=0``)
   ``chunked``        + log-probs from the hidden states in chunks (`graft.engine.chunked_head`,
                      ``--logprob-chunk`` tokens, the default of ``engine.logprob_chunk_tokens``)
+  ``fused``          chunked, the loss's gradient taken in the head's forward
+                     (`graft.engine.fused_head_loss`, ``engine.fuse_loss_into_head``, the default:
+                     no logits recomputed in backward); ``fused+...`` with the pieces below
   ``chunked+offload``   + graft-offload on the 32 blocks (its defaults; skipped when the
                      plugin is not installed)
   ``chunked+tiled``     + tiled MLP (`graft.engine.tiled_mlp`, ``--mlp-chunk`` tokens)
@@ -61,8 +64,8 @@ SHAPES_TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers":
                "vocab_size": 512, "max_position_embeddings": 8192}
 LENGTHS = (8192, 32768, 65536, 131072)
 TINY_LENGTHS = (128, 256, 384, 512)
-VARIANTS = ("today", "chunked", "liger", "chunked+offload+tiled", "chunked+offload+tiled+norms",
-            "chunked+offload+tiled+norms+groups")
+VARIANTS = ("today", "chunked", "fused", "liger", "chunked+offload+tiled",
+            "chunked+offload+tiled+norms", "chunked+offload+tiled+norms+groups")
 
 
 def build_model(shapes: dict, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -154,6 +157,7 @@ def loss_of(model: torch.nn.Module, ids: torch.Tensor, variant: str,
     label wraps to the first token, so every position has one)."""
     from graft.engine.chunked_head import chunked_head_logprobs
     from graft.engine.forward import head_inputs, head_parameters
+    from graft.engine.fused_head_loss import fused_head_loss
     from graft.engine.logprobs import token_logprobs
 
     labels = ids.roll(-1, dims=1)
@@ -169,6 +173,12 @@ def loss_of(model: torch.nn.Module, ids: torch.Tensor, variant: str,
         return LigerFusedLinearCrossEntropyLoss()(model.lm_head.weight,
                                                   hidden.reshape(-1, hidden.shape[-1]),
                                                   labels.reshape(-1))
+    if variant.startswith("fused"):
+        count = labels.numel()
+        _, _, loss = fused_head_loss(model.lm_head, hidden, labels, None,
+                                     lambda _tokens, logp: -logp.sum() / count,
+                                     chunk_tokens=logprob_chunk, params=head_parameters(model))
+        return loss
     logp, _ = chunked_head_logprobs(model.lm_head, hidden, labels, None,
                                     chunk_tokens=logprob_chunk, params=head_parameters(model))
     return -logp.mean()

@@ -10,6 +10,7 @@ import torch
 
 from graft.engine.chunked_head import chunked_head_logprobs
 from graft.engine.exact import exact_kernels
+from graft.engine.fused_head_loss import TokenLoss, fused_head_loss
 from graft.engine.logprobs import token_entropy, token_logprobs
 from graft.engine.micro_batch import MicroBatch
 from graft.models.family import ModelFamily
@@ -33,15 +34,38 @@ def forward_logprobs(model: torch.nn.Module, family: ModelFamily, batch: MicroBa
                          with_entropy=with_entropy, chunk_tokens=chunk_tokens)
 
 
-def _logprobs(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch, *,
-              compute_dtype: torch.dtype, with_entropy: bool,
-              chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def forward_fused_loss(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch,
+                       token_loss: TokenLoss, *, compute_dtype: torch.dtype,
+                       with_entropy: bool = False, chunk_tokens: int, exact: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """`forward_logprobs` with the loss's gradient taken in the chunked head
+    (`graft.engine.fused_head_loss`): the log-probs and entropy (detached, the same values)
+    and the micro-batch's loss, ``token_loss`` summed over every token, whose backward carries
+    the gradients. ``chunk_tokens`` must be > 0."""
+    with exact_kernels(exact):
+        t = batch.tensors
+        with head_inputs(model) as captured:
+            model(**_model_inputs(model, family, batch, compute_dtype))
+        return fused_head_loss(output_head(model), captured["hidden"], t["labels"],
+                               t["temperature"], token_loss, chunk_tokens=chunk_tokens,
+                               with_entropy=with_entropy, params=head_parameters(model))
+
+
+def _model_inputs(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch,
+                  compute_dtype: torch.dtype) -> dict[str, Any]:
     t = batch.tensors
     mask = None
     if family.packs_sequences:
         mask = family.packed_attention_mask(model.config, t["position_ids"], compute_dtype)
-    inputs = dict(input_ids=t["input_ids"], position_ids=t["position_ids"], attention_mask=mask,
-                  use_cache=False)
+    return dict(input_ids=t["input_ids"], position_ids=t["position_ids"], attention_mask=mask,
+                use_cache=False)
+
+
+def _logprobs(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch, *,
+              compute_dtype: torch.dtype, with_entropy: bool,
+              chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    t = batch.tensors
+    inputs = _model_inputs(model, family, batch, compute_dtype)
     if chunk_tokens > 0:
         with head_inputs(model) as captured:
             model(**inputs)

@@ -18,7 +18,8 @@ import torch
 
 from graft.engine.distributed import DistEnv, all_reduce
 from graft.engine.exact import exact_kernels
-from graft.engine.forward import forward_logprobs
+from graft.engine.forward import forward_fused_loss, forward_logprobs
+from graft.engine.fused_head_loss import TokenLoss
 from graft.engine.grad_norm import clip_grad_norm
 from graft.engine.micro_batch import MicroBatch, TokenSample, build_micro_batch
 from graft.engine.packing import plan_micro_batches
@@ -30,15 +31,12 @@ from graft.engine.sequence_parallel import (
     sequence_split,
     split_tensors,
 )
+from graft.engine.token_loss import LossFn, chunk_token_loss, fuses_loss, token_weights
 from graft.errors import PluginError
 from graft.losses.aggregation import AggregationContext
 from graft.losses.registry import aggregate_loss
 from graft.models.family import ModelFamily
 from graft.plugins import get_plugin_manager
-
-# loss_fn(logp, tensors, mask) -> (loss_mat, per-token metrics); all (S, T) fp32 matrices.
-LossFn = Callable[[torch.Tensor, Mapping[str, torch.Tensor], torch.Tensor],
-                  tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 @dataclass
@@ -153,24 +151,31 @@ class TrainEngine:
         if phase not in (UPDATE, SFT):
             raise ValueError(f"forward_backward runs the update or sft phase, not {phase!r}")
         ctx = self.aggregation_context(micro_batches, loss_scale_factor)
+        mode = self.cfg.loss.loss_agg_mode
+        fused = fuses_loss(loss_fn, mode, enabled=self.cfg.engine.fuse_loss_into_head,
+                           chunk_tokens=self.cfg.engine.logprob_chunk_tokens)
         self.model.train()
         loss_total = torch.zeros((), dtype=torch.float64, device=self.env.device)
         sums: dict[str, torch.Tensor] = {}
         tokens = 0
         for cpu_batch in micro_batches:
-            batch, logp, entropy, shard = self._forward(cpu_batch, phase,
-                                                        with_entropy=with_entropy)
+            head_loss = ((lambda b: chunk_token_loss(loss_fn, b, token_weights(b, mode, ctx)))
+                         if fused else None)
+            batch, logp, entropy, shard, head_total = self._forward(
+                cpu_batch, phase, with_entropy=with_entropy, head_loss=head_loss)
             mask = batch.to_sequences(batch.tensors["loss_mask"])
             seq_tensors = {k: batch.to_sequences(v) for k, v in batch.tensors.items()
                            if k not in ("input_ids", "labels", "position_ids")}
-            loss_mat, metrics = loss_fn(batch.to_sequences(logp), seq_tensors, mask)
+            # with the fused head the gradients are taken: the loss here is for its value
+            with torch.set_grad_enabled(head_total is None):
+                loss_mat, metrics = loss_fn(batch.to_sequences(logp), seq_tensors, mask)
+                loss = aggregate_loss(loss_mat, mask, mode, ctx)
             if entropy is not None:
                 metrics = {**metrics, "entropy": batch.to_sequences(entropy)}
-            loss = aggregate_loss(loss_mat, mask, self.cfg.loss.loss_agg_mode, ctx)
             # Keeps the graph connected to the model even for an empty micro-batch, so every
             # rank runs the same FSDP2 collectives in backward. With rollout.exact, checkpointed
             # blocks recompute with the exact kernels too (MoE routes as in the forward).
-            total = loss + 0.0 * logp.sum()
+            total = loss + 0.0 * logp.sum() if head_total is None else head_total
             with exact_kernels(self.cfg.rollout.exact):
                 if shard.split:
                     # Inside the split: recomputed (checkpointed) blocks attend over whole rows.
@@ -191,13 +196,18 @@ class TrainEngine:
         return SequenceShard(env.sp_rank, env.sp_size, batch.layout.row_length, env.sp_group,
                              batch.tensors.get("position_ids"), batch.layout)
 
-    def _forward(self, cpu_batch: MicroBatch, phase: Phase, *, with_entropy: bool = False
-                 ) -> tuple[MicroBatch, torch.Tensor, torch.Tensor | None, SequenceShard]:
+    def _forward(self, cpu_batch: MicroBatch, phase: Phase, *, with_entropy: bool = False,
+                 head_loss: Callable[[MicroBatch], TokenLoss] | None = None,
+                 ) -> tuple[MicroBatch, torch.Tensor, torch.Tensor | None, SequenceShard,
+                            torch.Tensor | None]:
         """One micro-batch through the model between the plugins' forward hooks.
 
         Tensors a ``graft_post_forward`` plugin returns are kept in ``cpu_batch`` for the
         later passes over it. With sequence parallelism the forward runs on this rank's part
-        of every row (`sequence_split`) and its outputs come back as whole rows.
+        of every row (`sequence_split`) and its outputs come back as whole rows. With
+        ``head_loss`` (the `TokenLoss` of the batch on the device) and no split, the head
+        takes the loss's gradient (`graft.engine.fused_head_loss`) and the last item is the
+        loss to backpropagate; otherwise it is None.
         """
         hook = get_plugin_manager().hook
         batch = cpu_batch.to(self.env.device)
@@ -205,11 +215,19 @@ class TrainEngine:
         hook.graft_prepare_inputs(batch=batch.tensors, pad_size=batch.layout.pad_size,
                                   layout=batch.layout, cfg=self.cfg, phase=phase, shard=shard)
         if not shard.split:
-            logp, entropy = self._forward_logprobs(batch, with_entropy)
+            head_total = None
+            if head_loss is None:
+                logp, entropy = self._forward_logprobs(batch, with_entropy)
+            else:
+                logp, entropy, head_total = forward_fused_loss(
+                    self.model, self.family, batch, head_loss(batch),
+                    compute_dtype=self.compute_dtype, with_entropy=with_entropy,
+                    chunk_tokens=self.cfg.engine.logprob_chunk_tokens,
+                    exact=self.cfg.rollout.exact)
             kept = merge_kept(hook.graft_post_forward(batch=batch.tensors, layout=batch.layout,
                                                       phase=phase, cfg=self.cfg, shard=shard))
             cpu_batch.keep(kept)
-            return batch, logp, entropy, shard
+            return batch, logp, entropy, shard, head_total
         part = MicroBatch(split_tensors(batch.tensors, shard), batch.layout,
                           batch.sequence_index, batch.sequence_valid)
         with sequence_split(shard):
@@ -220,7 +238,7 @@ class TrainEngine:
         # Gathered once: from here on every output is a whole-row grid, unpadded as usual.
         logp = shard.gather(logp)
         entropy = None if entropy is None else shard.gather(entropy)
-        return batch, logp, entropy, shard
+        return batch, logp, entropy, shard, None
 
     def _forward_logprobs(self, batch: MicroBatch, with_entropy: bool
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -243,7 +261,7 @@ class TrainEngine:
         self.model.eval()
         out = []
         for cpu_batch in micro_batches:
-            _, logp, _, _ = self._forward(cpu_batch, phase)
+            _, logp, *_ = self._forward(cpu_batch, phase)
             out.append(logp.cpu())  # one device-to-host copy per micro-batch (logp is fp32)
         return out
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from graft.losses.separable import token_separable
+
 if TYPE_CHECKING:
     import torch
 
 LOG_RATIO_CLAMP = 20.0
 
 
+@token_separable
 def ppo_clip_loss(*, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
                   mask: torch.Tensor, cfg: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate with asymmetric clip range and dual clip (Ye et al., 2020).

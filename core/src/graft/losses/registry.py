@@ -73,3 +73,32 @@ def agg_mode_hint(manager: GraftPluginManager | None = None) -> str:
             f"{', '.join(map(repr, names))}; such a plugin must also implement "
             f"graft_loss_agg_modes, returning the mode names it handles, for config validation "
             f"to accept them.")
+
+
+def builtin_aggregation(mode: str, manager: GraftPluginManager | None = None) -> bool:
+    """True when ``mode`` is a built-in ``loss_agg_mode`` that the core itself aggregates (its
+    formulas are linear in the per-token loss): no plugin's ``graft_loss_aggregate`` takes it.
+
+    Plugins are asked first and may redefine a built-in mode, so each one is asked here, on a
+    one-token loss, as the loss would ask it.
+    """
+    import torch
+
+    from graft.losses.aggregation import AggregationContext
+    from graft.losses.modes import BUILTIN_AGG_MODES
+
+    if mode not in BUILTIN_AGG_MODES:
+        return False
+    manager = manager or get_plugin_manager()
+    probe = dict(loss_mat=torch.zeros(1, 1), loss_mask=torch.ones(1, 1), mode=mode,
+                 ctx=AggregationContext(1.0, 1.0, 1, 1.0))
+    for impl in manager.hook.graft_loss_aggregate.get_hookimpls():
+        if impl.plugin_name == "graft.losses.builtin":
+            continue
+        try:
+            taken = impl.function(**{name: probe[name] for name in impl.argnames})
+        except Exception:  # noqa: BLE001 - a plugin that fails on the probe may take the mode
+            return False
+        if taken is not None:
+            return False
+    return True

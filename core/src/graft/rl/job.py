@@ -26,6 +26,7 @@ from graft.engine.phase import OLD_LOGPROBS, REF_LOGPROBS, ROLLOUT_LOGPROBS
 from graft.engine.train_engine import LossFn, TrainEngine
 from graft.losses.aggregation import loss_scale_factor
 from graft.losses.registry import policy_losses
+from graft.losses.separable import is_token_separable, token_separable
 from graft.plugins import get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
 from graft.rl.advantages import advantage_estimators, compute_advantages
@@ -67,7 +68,8 @@ def rl_loss(cfg: Any, *, on_policy: bool = False) -> LossFn:
             metrics = {**metrics, "kl": kl.detach()}
         return loss, metrics
 
-    return loss_fn
+    # PPO and the KL penalty are per token: the loss is token-separable when the policy is
+    return token_separable(loss_fn) if is_token_separable(policy) else loss_fn
 
 
 def label_aligned(sample: RolloutSample, values: torch.Tensor) -> torch.Tensor:

@@ -13,11 +13,13 @@ from graft.engine.distributed import DistEnv
 from graft.engine.phase import SFT
 from graft.engine.train_engine import TrainEngine
 from graft.losses.aggregation import loss_scale_factor
+from graft.losses.separable import token_separable
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
+@token_separable
 def sft_loss(logp: torch.Tensor, tensors: Mapping[str, torch.Tensor],
              mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The per-token negative log-likelihood of the response tokens (the engine masks and

@@ -1,0 +1,127 @@
+"""The chunked head with the loss's gradient taken in its forward (a fused linear + loss).
+
+`graft.engine.chunked_head` keeps no logits: its backward recomputes each chunk's logits from the
+saved hidden states, one more ``tokens x hidden x vocab`` matmul per step (about 1% of a Llama-8B
+step at 32K tokens). When the loss is token-separable and its aggregation linear
+(`graft.losses.separable`), a token's loss gradient is known as soon as its log-prob is: here
+each chunk's logits give the log-probs, the loss of the chunk's tokens (``token_loss``), its
+gradient with respect to those log-probs, the logits' gradient (the same formulas as the chunked
+head's backward) and, through the head, the gradients of the hidden states and of the head's
+parameters, all before the chunk's logits are freed. Backward only hands them on, scaled by
+the incoming gradient. Liger-Kernel's fused linear cross-entropy does the same for a mean NLL.
+
+Forward returns the log-probs and entropy (fp32, values equal to the chunked head's; no
+gradient flows through them) and the summed chunk loss (fp32), whose backward delivers the
+gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from graft.engine.chunked_head import Head, _chunk_forward, _chunk_grad
+from graft.engine.exact.mode import ordinary_kernels
+from graft.engine.token_chunks import add_chunk_grads, cast_like, token_chunks
+
+# token_loss(tokens, logp): the loss of the flat token positions ``tokens`` (a slice) given
+# their fp32 log-probs ``logp`` (which require grad), as a scalar, already weighted by the
+# aggregation; the sum over all chunks is the micro-batch's loss.
+TokenLoss = Callable[[slice, torch.Tensor], torch.Tensor]
+
+
+def _logp_gradient(token_loss: TokenLoss, part: slice, logp: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk's loss (detached) and its gradient with respect to the chunk's log-probs."""
+    with torch.enable_grad():
+        leaf = logp.detach().requires_grad_()
+        loss = token_loss(part, leaf)
+        (grad,) = torch.autograd.grad(loss, leaf, allow_unused=True)
+    return loss.detach().float(), torch.zeros_like(leaf) if grad is None else grad
+
+
+class _FusedHeadLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, hidden: torch.Tensor,
+                labels: torch.Tensor, inv_temperature: torch.Tensor, head: Head,
+                chunk_tokens: int, with_entropy: bool, token_loss: TokenLoss,
+                *params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        num_tokens = hidden.shape[0]
+        logp = torch.empty(num_tokens, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(logp)
+        entropy = torch.empty(num_tokens if with_entropy else 0, dtype=torch.float32,
+                              device=hidden.device)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        wants_hidden = ctx.needs_input_grad[0]
+        grad_hidden = torch.zeros_like(hidden) if wants_hidden else None
+        grad_params: list[torch.Tensor | None] = [None] * len(params)
+        for part in token_chunks(num_tokens, chunk_tokens):
+            with torch.enable_grad():
+                h = hidden[part].detach().requires_grad_(wants_hidden)
+                logits = head(h)
+            _chunk_forward(logits.detach(), labels[part], inv_temperature[part], logp[part],
+                           lse[part], entropy[part] if with_entropy else None)
+            # the gradient needs no exact kernels (rollout.exact): the log-probs above have them
+            with ordinary_kernels():
+                chunk_loss, grad_logp = _logp_gradient(token_loss, part, logp[part])
+                total += chunk_loss
+                grad_logits = _chunk_grad(logits.detach(), labels[part], inv_temperature[part],
+                                          lse[part], None, grad_logp, None)
+                inputs = ([h] if wants_hidden else []) + list(params)
+                grads = (torch.autograd.grad(logits, inputs, grad_logits, allow_unused=True)
+                         if inputs else ())
+            if wants_hidden:
+                grad_hidden[part] = grads[0]
+                grads = grads[1:]
+            add_chunk_grads(grad_params, grads)
+            del logits, grad_logits, grads
+        saved = [grad_hidden if wants_hidden else torch.empty(0, device=hidden.device),
+                 *[torch.empty(0, device=hidden.device) if g is None else g
+                   for g in cast_like(grad_params, params)]]
+        ctx.save_for_backward(*saved)
+        ctx.wants_hidden = wants_hidden
+        ctx.missing = [g is None for g in grad_params]
+        ctx.mark_non_differentiable(logp, entropy)
+        return logp, entropy, total
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, _grad_logp: torch.Tensor | None,
+                 _grad_entropy: torch.Tensor | None, grad_total: torch.Tensor
+                 ) -> tuple[torch.Tensor | None, ...]:
+        grad_hidden, *grad_params = ctx.saved_tensors
+        # in place (no second copy of the head's gradient; a graph is backpropagated once): a
+        # scale of 1.0, the usual backward, leaves every bit as it is
+        scale = grad_total.to(torch.float32)
+        hidden_out = grad_hidden.mul_(scale.to(grad_hidden.dtype)) if ctx.wants_hidden else None
+        params_out = [None if missing else g.mul_(scale.to(g.dtype))
+                      for g, missing in zip(grad_params, ctx.missing, strict=True)]
+        return (hidden_out, None, None, None, None, None, None, *params_out)
+
+
+def fused_head_loss(head: torch.nn.Module | Head, hidden: torch.Tensor, labels: torch.Tensor,
+                    temperature: torch.Tensor | None, token_loss: TokenLoss, *,
+                    chunk_tokens: int, with_entropy: bool = False,
+                    params: list[torch.Tensor] | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Log-probs (fp32, shape of ``labels``), the entropy (or None) and the summed loss of
+    ``token_loss`` over all tokens, ``chunk_tokens`` tokens at a time, the loss's gradients
+    through the head taken in this forward.
+
+    Arguments as `graft.engine.chunked_head.chunked_head_logprobs`'s; ``token_loss`` is called
+    once per chunk with the chunk's flat token slice (over ``labels.reshape(-1)``) and log-probs.
+    The log-probs and entropy are detached (the loss carries every gradient); their values are
+    the chunked head's bit for bit.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    shape = labels.shape
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    inv_temperature = (torch.ones(flat.shape[0], device=hidden.device) if temperature is None
+                       else 1.0 / temperature.float()).reshape(-1)
+    if params is None:
+        params = [p for p in head.parameters() if p.requires_grad] \
+            if isinstance(head, torch.nn.Module) else []
+    logp, entropy, total = _FusedHeadLoss.apply(flat, labels.reshape(-1), inv_temperature, head,
+                                                chunk_tokens, with_entropy, token_loss, *params)
+    return logp.reshape(shape), entropy.reshape(shape) if with_entropy else None, total

@@ -1,0 +1,30 @@
+"""Token-separable losses: a per-token loss whose value at a token depends on that token's
+inputs alone (its log-prob and the batch tensors at its position), never on another token's.
+
+PPO's clipped surrogate, the KL penalty and SFT's NLL are; GSPO (a sequence ratio) is not. For a
+token-separable loss and a linear aggregation (every built-in ``loss.loss_agg_mode``), the
+gradient of the micro-batch's loss with respect to a token's log-prob is known as soon as that
+token's log-prob is: the chunked head then takes the loss's gradient in its forward
+(`graft.engine.fused_head_loss`) and never recomputes the logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+LossCallable = TypeVar("LossCallable", bound=Callable[..., Any])
+_MARK = "graft_token_separable"
+
+
+def token_separable(loss: LossCallable) -> LossCallable:
+    """Mark ``loss`` (a policy loss or a ``loss_fn`` of `TrainEngine.forward_backward`) as
+    token-separable; returns it unchanged. Mark only what really is: a loss that mixes tokens
+    (a sequence mean, a sequence ratio) would get wrong gradients on the fused path."""
+    setattr(loss, _MARK, True)
+    return loss
+
+
+def is_token_separable(loss: Callable[..., Any]) -> bool:
+    """True when ``loss`` was marked with `token_separable`."""
+    return bool(getattr(loss, _MARK, False))
