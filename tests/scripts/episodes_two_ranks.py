@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 import graft
 from graft import hookimpl
+from graft.engine.distributed import end_torchrun_worker
 from graft.testing import registered_plugin
 
 
@@ -55,3 +56,4 @@ def main(run_dir: str, engine: str = "embedded") -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])
+    end_torchrun_worker()  # gloo's C++ teardown can abort a finished rank

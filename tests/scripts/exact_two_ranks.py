@@ -13,6 +13,7 @@ import os
 import sys
 
 import graft
+from graft.engine.distributed import end_torchrun_worker
 
 
 def main(run_dir: str, decode: str = "static") -> None:
@@ -29,3 +30,4 @@ def main(run_dir: str, decode: str = "static") -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])
+    end_torchrun_worker()  # gloo's C++ teardown can abort a finished rank

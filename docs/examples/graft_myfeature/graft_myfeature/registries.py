@@ -4,6 +4,7 @@ reward."""
 import os
 
 from graft import hookimpl
+from graft.losses import token_separable
 
 
 def pairwise_advantages(rewards, *, group_size):
@@ -16,6 +17,7 @@ def pairwise_advantages(rewards, *, group_size):
     return (wins / (group_size - 1)).reshape(-1)
 
 
+@token_separable
 def capped_is_loss(*, logp, advantages, root_cfg, tensors):
     """REINFORCE weighted by the trainer-over-engine probability ratio, capped at
     features.myfeature.is_cap (`tensors` holds every per-token tensor of the micro-batch)."""
