@@ -6,7 +6,8 @@ usage: [torchrun --nproc-per-node N] fused_head_grads.py OUT_DIR
 
 Rank r takes samples r, r+N, ... in two micro-batches. Rank 0 saves, per loss, mode and setting,
 the full (unsharded) gradient of every parameter and the reported loss to
-OUT_DIR/<loss>-<mode>-<fused|unfused>.pt, and the number of head calls per loss and setting to OUT_DIR/calls.pt.
+OUT_DIR/<loss>-<mode>-<fused|unfused>.pt, and the number of head calls per loss and setting
+to OUT_DIR/calls.pt.
 """
 
 from __future__ import annotations

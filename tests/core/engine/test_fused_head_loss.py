@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import graft
+from graft.config import ModelConfig
 from graft.engine.forward import forward_fused_loss, forward_logprobs
+from graft.engine.micro_batch import TokenSample, build_micro_batch
 from graft.engine.token_loss import chunk_token_loss, fuses_loss, token_weights
 from graft.hookspecs import hookimpl
 from graft.losses.aggregation import AggregationContext
@@ -22,11 +24,9 @@ from graft.losses.modes import BUILTIN_AGG_MODES
 from graft.losses.policy import ppo_clip_loss
 from graft.losses.registry import aggregate_loss, builtin_aggregation
 from graft.losses.separable import is_token_separable, token_separable
-from graft.plugins import GraftPluginManager
-from graft.config import ModelConfig
-from graft.engine.micro_batch import TokenSample, build_micro_batch
 from graft.models import build_model
 from graft.models.registry import model_families
+from graft.plugins import GraftPluginManager
 from graft.training.sft import sft_loss
 
 PRESETS = sorted(name for family in model_families().values() for name in family.presets)

@@ -123,6 +123,24 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
         return (grad_hidden, None, None, None, None, None, *cast_like(grad_params, params))
 
 
+def head_arguments(head: torch.nn.Module | Head, hidden: torch.Tensor,
+                   temperature: torch.Tensor | None, chunk_tokens: int,
+                   params: list[torch.Tensor] | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """The flat ``(tokens, hidden_size)`` hidden states, the flat inverse temperatures (fp32)
+    and the head's trainable parameters (``params``, else ``head.parameters()``) that a
+    chunked head's autograd function takes; a chunk size below 1 is a ``ValueError``."""
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    inv_temperature = (torch.ones(flat.shape[0], device=hidden.device) if temperature is None
+                       else 1.0 / temperature.float()).reshape(-1)
+    if params is None:
+        params = [p for p in head.parameters() if p.requires_grad] \
+            if isinstance(head, torch.nn.Module) else []
+    return flat, inv_temperature, params
+
+
 def chunked_head_logprobs(head: torch.nn.Module | Head, hidden: torch.Tensor,
                           labels: torch.Tensor, temperature: torch.Tensor | None, *,
                           chunk_tokens: int, with_entropy: bool = False,
@@ -137,15 +155,8 @@ def chunked_head_logprobs(head: torch.nn.Module | Head, hidden: torch.Tensor,
     their gradients. Equal to `graft.engine.logprobs.token_logprobs` of the whole logits up to
     rounding (fp32 on CPU: within 1e-6).
     """
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     shape = labels.shape
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    inv_temperature = (torch.ones(flat.shape[0], device=hidden.device) if temperature is None
-                       else 1.0 / temperature.float()).reshape(-1)
-    if params is None:
-        params = [p for p in head.parameters() if p.requires_grad] \
-            if isinstance(head, torch.nn.Module) else []
+    flat, inv_temperature, params = head_arguments(head, hidden, temperature, chunk_tokens, params)
     if not torch.is_grad_enabled():
         params = []
     logp, entropy = _ChunkedHeadLogProbs.apply(flat, labels.reshape(-1), inv_temperature, head,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from graft.engine.chunked_head import Head, _chunk_forward, _chunk_grad
+from graft.engine.chunked_head import Head, _chunk_forward, _chunk_grad, head_arguments
 from graft.engine.exact.mode import ordinary_kernels
 from graft.engine.token_chunks import add_chunk_grads, cast_like, token_chunks
 
@@ -113,15 +113,8 @@ def fused_head_loss(head: torch.nn.Module | Head, hidden: torch.Tensor, labels: 
     The log-probs and entropy are detached (the loss carries every gradient); their values are
     the chunked head's bit for bit.
     """
-    if chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     shape = labels.shape
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    inv_temperature = (torch.ones(flat.shape[0], device=hidden.device) if temperature is None
-                       else 1.0 / temperature.float()).reshape(-1)
-    if params is None:
-        params = [p for p in head.parameters() if p.requires_grad] \
-            if isinstance(head, torch.nn.Module) else []
+    flat, inv_temperature, params = head_arguments(head, hidden, temperature, chunk_tokens, params)
     logp, entropy, total = _FusedHeadLoss.apply(flat, labels.reshape(-1), inv_temperature, head,
                                                 chunk_tokens, with_entropy, token_loss, *params)
     return logp.reshape(shape), entropy.reshape(shape) if with_entropy else None, total
