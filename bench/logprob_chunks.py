@@ -61,7 +61,8 @@ def run_one(chunk: int, tokens: int, hidden_size: int, vocab: int, steps: int,
         del logp, entropy
         head.weight.grad = hidden.grad = None
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"chunk_tokens": chunk, "fused": bool(chunk and fused), "tokens": tokens, "hidden_size": hidden_size, "vocab": vocab,
+    return {"chunk_tokens": chunk, "fused": bool(chunk and fused), "tokens": tokens,
+            "hidden_size": hidden_size, "vocab": vocab,
             "peak_above_inputs_gib": round((peak_kib - base_kib) / 2**20, 3),
             "step_s": round(sum(times[1:]) / steps, 3),
             "logits_fp32_gib": round(tokens * vocab * 4 / 2**30, 3)}

@@ -13,9 +13,11 @@ import pytest
 import torch
 
 import graft
-from graft.config import ModelConfig
+from graft.config import ModelConfig, compose
+from graft.engine.distributed import init_distributed
 from graft.engine.forward import forward_fused_loss, forward_logprobs
 from graft.engine.micro_batch import TokenSample, build_micro_batch
+from graft.engine.parallelize import parallelize
 from graft.engine.token_loss import chunk_token_loss, fuses_loss, token_weights
 from graft.hookspecs import hookimpl
 from graft.losses.aggregation import AggregationContext
@@ -116,6 +118,29 @@ def test_every_builtin_mode_and_sfts_loss(mode: str) -> None:
         _, loss_f, grads_f = fused(model, family, batch, loss_fn, mode, 16)
         torch.testing.assert_close(loss_f, loss.float(), rtol=1e-6, atol=1e-7)
         assert_grads_close(grads_f, grads, f"{mode}, {loss_fn.__name__}")
+
+
+def test_the_long_context_settings_on_fsdp2() -> None:
+    """With the settings that reach long sequences (activation checkpointing, tiled MLP,
+    recomputed norms, two blocks a checkpoint) on FSDP2, the fused head's gradients are the
+    chunked head's: the recomputed final norm gets the hidden states' gradient from the forward.
+    A fresh model for each path: the helpers zero the gradients after the forward, when
+    FSDP2's root holds its unsharded parameters, so a second path on the same model would add
+    to the first one's sharded gradients."""
+    env = init_distributed(device_preference="cpu")
+    cfg = compose(["model.preset=tiny-llama", "engine.device=cpu",
+                   "engine.activation_checkpointing=true", "engine.mlp_chunk_tokens=16",
+                   "engine.recompute_norms=true", "engine.checkpoint_every_blocks=2"])
+    runs = []
+    for path in (unfused, fused):
+        model, family = build_model(cfg.model, seed=0)
+        model = parallelize(model.float(), family, cfg=cfg, mesh=env.mesh, device=env.device)
+        batch = micro_batch(family, model.config.vocab_size)
+        _, loss, grads = path(model.train(), family, batch, ppo, "token-mean", 16)
+        runs.append((loss, {n: g.full_tensor() for n, g in grads.items()}))
+    (loss, grads), (loss_f, grads_f) = runs
+    torch.testing.assert_close(loss_f, loss.float(), rtol=1e-6, atol=1e-7)
+    assert_grads_close(grads_f, grads, "long-context settings")
 
 
 def test_the_head_runs_once_per_chunk() -> None:

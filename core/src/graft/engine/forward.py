@@ -44,11 +44,20 @@ def forward_fused_loss(model: torch.nn.Module, family: ModelFamily, batch: Micro
     the gradients. ``chunk_tokens`` must be > 0."""
     with exact_kernels(exact):
         t = batch.tensors
-        with head_inputs(model) as captured:
-            model(**_model_inputs(model, family, batch, compute_dtype))
-        return fused_head_loss(output_head(model), captured["hidden"], t["labels"],
-                               t["temperature"], token_loss, chunk_tokens=chunk_tokens,
-                               with_entropy=with_entropy, params=head_parameters(model))
+        return fused_head_loss(output_head(model), _last_hidden(model, family, batch,
+                                                                compute_dtype),
+                               t["labels"], t["temperature"], token_loss,
+                               chunk_tokens=chunk_tokens, with_entropy=with_entropy,
+                               params=head_parameters(model))
+
+
+def _last_hidden(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch,
+                 compute_dtype: torch.dtype) -> torch.Tensor:
+    """The model's forward on ``batch`` up to its output head: the hidden states the head
+    would turn into logits."""
+    with head_inputs(model) as captured:
+        model(**_model_inputs(model, family, batch, compute_dtype))
+    return captured["hidden"]
 
 
 def _model_inputs(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch,
@@ -65,15 +74,13 @@ def _logprobs(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch, *,
               compute_dtype: torch.dtype, with_entropy: bool,
               chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     t = batch.tensors
-    inputs = _model_inputs(model, family, batch, compute_dtype)
     if chunk_tokens > 0:
-        with head_inputs(model) as captured:
-            model(**inputs)
-        return chunked_head_logprobs(output_head(model), captured["hidden"], t["labels"],
-                                     t["temperature"], chunk_tokens=chunk_tokens,
+        return chunked_head_logprobs(output_head(model),
+                                     _last_hidden(model, family, batch, compute_dtype),
+                                     t["labels"], t["temperature"], chunk_tokens=chunk_tokens,
                                      with_entropy=with_entropy,
                                      params=head_parameters(model))
-    logits = model(**inputs).logits
+    logits = model(**_model_inputs(model, family, batch, compute_dtype)).logits
     logp = token_logprobs(logits, t["labels"], t["temperature"])
     entropy = token_entropy(logits, t["temperature"]) if with_entropy else None
     return logp, entropy

@@ -76,12 +76,9 @@ class _FusedHeadLoss(torch.autograd.Function):
                 grads = grads[1:]
             add_chunk_grads(grad_params, grads)
             del logits, grad_logits, grads
-        saved = [grad_hidden if wants_hidden else torch.empty(0, device=hidden.device),
-                 *[torch.empty(0, device=hidden.device) if g is None else g
-                   for g in cast_like(grad_params, params)]]
-        ctx.save_for_backward(*saved)
-        ctx.wants_hidden = wants_hidden
-        ctx.missing = [g is None for g in grad_params]
+        # kept on ctx, not saved tensors: they are this function's own results, not inputs
+        # autograd must check for in-place changes
+        ctx.grad_hidden, ctx.grad_params = grad_hidden, cast_like(grad_params, params)
         ctx.mark_non_differentiable(logp, entropy)
         return logp, entropy, total
 
@@ -89,13 +86,12 @@ class _FusedHeadLoss(torch.autograd.Function):
     def backward(ctx: torch.autograd.function.FunctionCtx, _grad_logp: torch.Tensor | None,
                  _grad_entropy: torch.Tensor | None, grad_total: torch.Tensor
                  ) -> tuple[torch.Tensor | None, ...]:
-        grad_hidden, *grad_params = ctx.saved_tensors
-        # in place (no second copy of the head's gradient; a graph is backpropagated once): a
-        # scale of 1.0, the usual backward, leaves every bit as it is
-        scale = grad_total.to(torch.float32)
-        hidden_out = grad_hidden.mul_(scale.to(grad_hidden.dtype)) if ctx.wants_hidden else None
-        params_out = [None if missing else g.mul_(scale.to(g.dtype))
-                      for g, missing in zip(grad_params, ctx.missing, strict=True)]
+        grads = [ctx.grad_hidden, *ctx.grad_params]
+        ctx.grad_hidden, ctx.grad_params = None, []  # a graph is backpropagated once
+        # in place (no second copy of the head's gradient): a scale of 1.0, the usual
+        # backward, leaves every bit as it is
+        hidden_out, *params_out = [None if g is None else g.mul_(grad_total.to(g.dtype))
+                                   for g in grads]
         return (hidden_out, None, None, None, None, None, None, *params_out)
 
 

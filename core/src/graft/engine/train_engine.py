@@ -154,13 +154,13 @@ class TrainEngine:
         mode = self.cfg.loss.loss_agg_mode
         fused = fuses_loss(loss_fn, mode, enabled=self.cfg.engine.fuse_loss_into_head,
                            chunk_tokens=self.cfg.engine.logprob_chunk_tokens)
+        head_loss = ((lambda b: chunk_token_loss(loss_fn, b, token_weights(b, mode, ctx)))
+                     if fused else None)
         self.model.train()
         loss_total = torch.zeros((), dtype=torch.float64, device=self.env.device)
         sums: dict[str, torch.Tensor] = {}
         tokens = 0
         for cpu_batch in micro_batches:
-            head_loss = ((lambda b: chunk_token_loss(loss_fn, b, token_weights(b, mode, ctx)))
-                         if fused else None)
             batch, logp, entropy, shard, head_total = self._forward(
                 cpu_batch, phase, with_entropy=with_entropy, head_loss=head_loss)
             mask = batch.to_sequences(batch.tensors["loss_mask"])

@@ -11,7 +11,8 @@ whatever ``M``, and a row's result depends only on that row (``tests/core/engine
 it at every position of a tile, against other rows, for the shapes of the tiny presets and a
 4096 x 4096 one, on 1 to 3 threads). There are at least as many tiles as torch has threads: with
 fewer, MKL's batched product splits a tile's own product over the threads, in another order
-(measured with torch 2.13: 1 tile against 5 on 2 threads, 2 against 5 on 6 threads).
+(measured with torch 2.13 on 2 cores: rows of 1 tile differed from the same rows among 5 tiles
+on 2 threads, rows of 2 tiles from the same among 11 on 6 threads).
 
 On CUDA the product is `graft.engine.exact.triton_matmul`'s kernel instead: one tile
 configuration, the whole ``K`` loop in one program, no split-K.
