@@ -46,15 +46,18 @@ and ``confirmed_tokens``.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib.util
 import json
+import sys
 import time
 import traceback
 
 import torch
 
 from long_context_memory import PhasePeaks, fit_line
+from long_context_timing import compare_times, interleaved_times, step_seconds
 
 SHAPES_8B = {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
@@ -273,20 +276,10 @@ def measure(layout: Layout, variant: str, tokens: int, args: argparse.Namespace,
     return row
 
 
-def step_seconds(rows: list[dict], variant: str, tokens: int) -> float | None:
-    """A step at ``tokens`` from ``variant``'s timed rows: ``a t + b t^2`` through the two
-    longest (attention is quadratic), or linear from one."""
-    timed = sorted((r["tokens"], r["step_s"]) for r in rows
-                   if r["variant"] == variant and "step_s" in r)
-    if not timed:
-        return None
-    if len(timed) == 1:
-        t, s = timed[0]
-        return s * tokens / t
-    (t1, s1), (t2, s2) = timed[-2:]
-    b = (s2 / t2 - s1 / t1) / (t2 - t1)
-    a = s1 / t1 - b * t1
-    return max(a, 0.0) * tokens + max(b, 0.0) * tokens ** 2
+def one_step(layout: Layout, args: argparse.Namespace, variant: str, ids: torch.Tensor) -> None:
+    """Forward and backward of ``ids`` in ``variant``'s layout (no memory accounting)."""
+    layout.use(**layout_of(variant, args))
+    loss_of(layout.model, ids, variant, args.logprob_chunk).backward()
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -329,30 +322,21 @@ def run(args: argparse.Namespace) -> dict:
                 break
     fits = [f for f in (fit_line(rows, v, capacity or 0.0, args.host_limit_gb)
                         for v in args.variants) if f]
-    result = {"shapes": shapes, "device": str(device), "dtype": str(dtype),
+    result = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+              "shapes": shapes, "device": str(device), "dtype": str(dtype),
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "capacity_gib": capacity, "logprob_chunk_tokens": args.logprob_chunk,
               "mlp_chunk_tokens": args.mlp_chunk, "checkpoint_every_blocks": args.every,
               "host_limit_gib": args.host_limit_gb, "host_memory_gib": host_memory_gib(),
               "rows": rows, "fits": fits}
     result.update(compare_times(rows))
-    if capacity is not None and fits:
+    if args.interleave_rounds:
+        result.update(interleaved_times(
+            functools.partial(one_step, layout, args), rows, lengths=lengths[:args.timed_lengths],
+            rounds=args.interleave_rounds, vocab=layout.model.config.vocab_size, device=device))
+    if capacity is not None and fits and args.confirm:
         result.update(confirm(layout, rows, fits, args, started, lengths))
     return result
-
-
-def compare_times(rows: list[dict]) -> dict:
-    """Each variant's step time against ``today``'s (and Liger's) at the timed lengths."""
-    base = {r["tokens"]: r["step_s"] for r in rows if r["variant"] == "today" and "step_s" in r}
-    liger = {r["tokens"]: r["step_s"] for r in rows if r["variant"] == "liger" and "step_s" in r}
-    out = {}
-    for r in rows:
-        if "step_s" in r and r["tokens"] in base:
-            out.setdefault(r["variant"], {})[str(r["tokens"])] = {
-                "vs_today": round(r["step_s"] / base[r["tokens"]] - 1, 4),
-                **({"vs_liger": round(r["step_s"] / liger[r["tokens"]] - 1, 4)}
-                   if r["tokens"] in liger else {})}
-    return {"step_time_vs_today": out}
 
 
 def confirm(layout: Layout, rows: list[dict], fits: list[dict], args: argparse.Namespace,
@@ -409,6 +393,11 @@ def main() -> None:
     parser.add_argument("--usable", type=float, default=0.97,
                         help="share of the GPU's memory the extrapolation may fill")
     parser.add_argument("--budget-s", type=float, default=540.0)
+    parser.add_argument("--interleave-rounds", type=int, default=0,
+                        help="time the timed variants again, one step of each in turn, this "
+                             "many rounds at each timed length (step_time_interleaved)")
+    parser.add_argument("--no-confirm", dest="confirm", action="store_false",
+                        help="skip the confirmed run at the longest length")
     parser.add_argument("--confirm-variant", default=None,
                         help="confirm this variant (default: the one extrapolating longest)")
     parser.add_argument("--confirm-tokens", type=int, default=0,

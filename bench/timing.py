@@ -36,3 +36,22 @@ def release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int,
+                device: torch.device) -> dict[str, list[float]]:
+    """Seconds of each call of every ``fns`` entry over ``rounds`` rounds, one call of each per
+    round, the order rotated every round: a drift of the clock or the temperature over the run
+    then falls on every entry alike (a variant's steps timed back to back, then the next
+    variant's, charged it to whichever ran last). Call each once before, to warm up."""
+    names = list(fns)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        shift = index % max(len(names), 1)
+        for name in names[shift:] + names[:shift]:
+            sync(device)
+            started = time.perf_counter()
+            fns[name]()
+            sync(device)
+            seconds[name].append(time.perf_counter() - started)
+    return seconds

@@ -4,9 +4,10 @@ The LM head, the temperature, the log-softmax and the entropy run on ``chunk_tok
 time, forward and backward: forward keeps per token only the log-prob, the entropy and the
 ``logsumexp`` (fp32), and backward recomputes each chunk's logits from the saved hidden states,
 turns the incoming gradients into the logits' gradient analytically and sends it through the
-head with ``torch.autograd.grad``. The largest tensor alive is one chunk's ``chunk x vocab``
-logits (and their gradient), whatever the sequence length: 16 GiB of bf16 logits at 64K tokens
-of a 128K vocabulary become 1 GiB with 4096-token chunks.
+head (`graft.engine.head_grads`: ``torch.autograd.grad``, or a plain linear head's two
+products). The largest tensor alive is one chunk's ``chunk x vocab`` logits (and their
+gradient), whatever the sequence length: 16 GiB of bf16 logits at 64K tokens of a 128K
+vocabulary become 1 GiB with 4096-token chunks.
 
 The head is whatever module the model applies to its last hidden states (a plain, tied or
 adapted ``lm_head``); its trainable parameters are inputs of the autograd function, so their
@@ -20,9 +21,9 @@ from collections.abc import Callable
 
 import torch
 
-from graft.engine.logprobs import (_backward_math, _chunks, _forward_math, _fused, fuses,
-                                   rows_entropy)
-from graft.engine.token_chunks import add_chunk_grads, cast_like, token_chunks
+from graft.engine.head_grads import chunk_head_grads, linear_head_weight
+from graft.engine.logprobs import _backward_math, _chunks, _forward_math, _fused, fuses, rows_entropy
+from graft.engine.token_chunks import cast_like, token_chunks
 
 Head = Callable[[torch.Tensor], torch.Tensor]
 
@@ -104,6 +105,7 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
             grad_entropy = None
         if grad_logp is None and grad_entropy is None:
             return (grad_hidden, None, None, None, None, None, *[None for _ in params])
+        weight = linear_head_weight(ctx.head, params)
         for part in token_chunks(hidden.shape[0], ctx.chunk_tokens):
             with torch.enable_grad():
                 h = hidden[part].detach().requires_grad_(wants_hidden)
@@ -113,13 +115,11 @@ class _ChunkedHeadLogProbs(torch.autograd.Function):
                 None if grad_entropy is None else entropy[part],
                 None if grad_logp is None else grad_logp[part],
                 None if grad_entropy is None else grad_entropy[part])
-            inputs = ([h] if wants_hidden else []) + list(params)
-            grads = torch.autograd.grad(logits, inputs, grad_logits, allow_unused=True)
+            grad_h = chunk_head_grads(logits, h, grad_logits, params, grad_params,
+                                      wants_hidden=wants_hidden, weight=weight)
             if wants_hidden:
-                grad_hidden[part] = grads[0]
-                grads = grads[1:]
-            add_chunk_grads(grad_params, grads)
-            del logits, grad_logits, grads
+                grad_hidden[part] = grad_h
+            del logits, grad_logits, grad_h
         return (grad_hidden, None, None, None, None, None, *cast_like(grad_params, params))
 
 

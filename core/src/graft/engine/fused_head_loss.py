@@ -23,7 +23,8 @@ import torch
 
 from graft.engine.chunked_head import Head, _chunk_forward, _chunk_grad, head_arguments
 from graft.engine.exact.mode import ordinary_kernels
-from graft.engine.token_chunks import add_chunk_grads, cast_like, token_chunks
+from graft.engine.head_grads import chunk_head_grads, linear_head_weight
+from graft.engine.token_chunks import cast_like, token_chunks
 
 # token_loss(tokens, logp): the loss of the flat token positions ``tokens`` (a slice) given
 # their fp32 log-probs ``logp`` (which require grad), as a scalar, already weighted by the
@@ -56,6 +57,7 @@ class _FusedHeadLoss(torch.autograd.Function):
         wants_hidden = ctx.needs_input_grad[0]
         grad_hidden = torch.zeros_like(hidden) if wants_hidden else None
         grad_params: list[torch.Tensor | None] = [None] * len(params)
+        weight = linear_head_weight(head, params)
         for part in token_chunks(num_tokens, chunk_tokens):
             with torch.enable_grad():
                 h = hidden[part].detach().requires_grad_(wants_hidden)
@@ -68,14 +70,11 @@ class _FusedHeadLoss(torch.autograd.Function):
                 total += chunk_loss
                 grad_logits = _chunk_grad(logits.detach(), labels[part], inv_temperature[part],
                                           lse[part], None, grad_logp, None)
-                inputs = ([h] if wants_hidden else []) + list(params)
-                grads = (torch.autograd.grad(logits, inputs, grad_logits, allow_unused=True)
-                         if inputs else ())
+                grad_h = chunk_head_grads(logits, h, grad_logits, params, grad_params,
+                                          wants_hidden=wants_hidden, weight=weight)
             if wants_hidden:
-                grad_hidden[part] = grads[0]
-                grads = grads[1:]
-            add_chunk_grads(grad_params, grads)
-            del logits, grad_logits, grads
+                grad_hidden[part] = grad_h
+            del logits, grad_logits, grad_h
         # kept on ctx, not saved tensors: they are this function's own results, not inputs
         # autograd must check for in-place changes
         ctx.grad_hidden, ctx.grad_params = grad_hidden, cast_like(grad_params, params)
