@@ -21,16 +21,14 @@ of this kernel as the decode loop pays it (a CUDA graph of 20 calls, replayed) a
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-import time
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
-from exact_split_matmul import graph_ms
+from kernel_prototype import prototype_main
+from timing import graph_ms
 
 LANES = 1024  # graft.engine.exact.triton_reductions.BLOCK
 HIDDEN, EPS = 2048, 1e-5
@@ -84,7 +82,6 @@ def check_interpreted() -> None:
     for first, count in ((0, 1), (7, 3), (49, 1)):
         assert torch.equal(fused_rms_norm(x[first:first + count], weight, EPS),
                            out[first:first + count])
-    print("OK")
 
 
 def measure(device: torch.device) -> list[dict[str, Any]]:
@@ -110,22 +107,6 @@ def measure(device: torch.device) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--interpret", action="store_true",
-                        help="check on CPU (run with TRITON_INTERPRET=1)")
-    args = parser.parse_args()
-    if args.interpret:
-        check_interpreted()
-        return
-    device = torch.device("cuda")
-    result = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-              "gpu": torch.cuda.get_device_name(device), "hidden": HIDDEN,
-              "rows": measure(device)}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-
-
 if __name__ == "__main__":
-    main()
+    prototype_main(__doc__.splitlines()[0], check=check_interpreted, measure=measure,
+                   settings={"hidden": HIDDEN})

@@ -12,7 +12,9 @@ accumulate from zero, and the chunk totals are added in order. The boundaries de
 only, so the same additions in the same order can run two ways: ``whole``, one program per
 tile looping over the chunks (training batches), or ``split``, one program per (tile, chunk)
 writing its fp32 total, then a kernel adding them in order (decode batches). A row's bits are
-the same whichever way its batch took.
+the same whichever way its batch took. The tiles are a plain grid (the current kernel visits
+them in groups of 8 row blocks, for the L2 cache): the order changes the speed, not the bits,
+so the training sizes' times here may be a little slower than a final kernel's.
 
 Measured, at the 1.1B shapes of bench/exact_kernels.py, bf16, one GPU: each product's time as
 the decode loop pays it (a CUDA graph of 20 calls, replayed), for M = 8, 32, 256 (decode) and
@@ -25,35 +27,20 @@ the rows of ``split`` at each M and of ``whole`` at each M equal ``whole``'s at 
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+from kernel_prototype import prototype_main
+from timing import graph_ms
 
-BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = 64, 128, 64, 8  # the current exact kernel's tile
+BLOCK_M, BLOCK_N, BLOCK_K = 64, 128, 64  # the current exact kernel's tile
 CHUNK_K = 512
 LINEARS = {"q/o": (2048, 2048), "k/v": (2048, 256), "gate/up": (2048, 5632),
            "down": (5632, 2048), "head": (2048, 32000)}
-
-
-# the current kernel's map of programs to tiles (graft.engine.exact.triton_matmul._mm_kernel's
-# first lines, as a function: a prototype to compare with it, kept apart from the core)
-@triton.jit
-def _tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    blocks_m = tl.cdiv(M, BLOCK_M)
-    blocks_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * blocks_n
-    first_m = (pid // per_group) * GROUP_M
-    group_size = tl.minimum(blocks_m - first_m, GROUP_M)
-    block_m = first_m + (pid % per_group) % group_size
-    block_n = (pid % per_group) // group_size
-    return block_m * BLOCK_M + tl.arange(0, BLOCK_M), block_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
 
 @triton.jit
@@ -75,8 +62,9 @@ def _chunk_total(a_ptr, b_ptr, rows, cols, M, N, K, stride_am, stride_ak, stride
 @triton.jit
 def _whole_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                   stride_cm, stride_cn, CHUNK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    rows, cols = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for first in range(0, K, CHUNK_K):
         total += _chunk_total(a_ptr, b_ptr, rows, cols, M, N, K, stride_am, stride_ak,
@@ -88,9 +76,10 @@ def _whole_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk,
 @triton.jit
 def _split_kernel(a_ptr, b_ptr, partial_ptr, M, N, K, stride_am, stride_ak, stride_bk,
                   stride_bn, CHUNK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    rows, cols = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    chunk = tl.program_id(1)
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    chunk = tl.program_id(2)
     part = _chunk_total(a_ptr, b_ptr, rows, cols, M, N, K, stride_am, stride_ak, stride_bk,
                         stride_bn, chunk * CHUNK_K, CHUNK_K, BLOCK_M, BLOCK_N, BLOCK_K)
     tl.store(partial_ptr + chunk * M * N + rows[:, None] * N + cols[None, :], part,
@@ -107,26 +96,26 @@ def _add_chunks_kernel(partial_ptr, c_ptr, size, chunks, BLOCK: tl.constexpr):
     tl.store(c_ptr + offsets, total.to(c_ptr.dtype.element_ty), mask=inside)
 
 
-def chunked_mm(a: torch.Tensor, b: torch.Tensor, *, split: bool) -> torch.Tensor:
-    """``a (M, K) @ b (K, N)`` in ``a``'s dtype, ``K`` summed in chunks of `CHUNK_K` added in
+def chunked_mm(a: torch.Tensor, b: torch.Tensor, *, split: bool,
+               chunk_k: int = CHUNK_K) -> torch.Tensor:
+    """``a (M, K) @ b (K, N)`` in ``a``'s dtype, ``K`` summed in chunks of ``chunk_k`` added in
     order: by one program per tile (``split`` false) or one per (tile, chunk) and a sum."""
     rows, inner = a.shape
     cols = b.shape[1]
     out = torch.empty((rows, cols), dtype=a.dtype, device=a.device)
     if rows == 0 or cols == 0:
         return out
-    tiles = triton.cdiv(rows, BLOCK_M) * triton.cdiv(cols, BLOCK_N)
+    tiles = (triton.cdiv(rows, BLOCK_M), triton.cdiv(cols, BLOCK_N))
     strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
-    blocks = {"CHUNK_K": CHUNK_K, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K,
-              "GROUP_M": GROUP_M}
+    blocks = {"CHUNK_K": chunk_k, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K}
     if not split:
-        _whole_kernel[(tiles,)](a, b, out, rows, cols, inner, *strides, out.stride(0),
-                                out.stride(1), **blocks, num_warps=4, num_stages=4)
+        _whole_kernel[tiles](a, b, out, rows, cols, inner, *strides, out.stride(0),
+                             out.stride(1), **blocks, num_warps=4, num_stages=4)
         return out
-    chunks = triton.cdiv(inner, CHUNK_K)
+    chunks = triton.cdiv(inner, chunk_k)
     partial = torch.empty((chunks, rows, cols), dtype=torch.float32, device=a.device)
-    _split_kernel[(tiles, chunks)](a, b, partial, rows, cols, inner, *strides, **blocks,
-                                   num_warps=4, num_stages=4)
+    _split_kernel[(*tiles, chunks)](a, b, partial, rows, cols, inner, *strides, **blocks,
+                                    num_warps=4, num_stages=4)
     size = rows * cols
     _add_chunks_kernel[(triton.cdiv(size, 1024),)](partial, out, size, chunks, BLOCK=1024)
     return out
@@ -142,37 +131,14 @@ def same_rows(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
 def check_interpreted() -> None:
     """The bits on CPU, small: ``split`` and ``whole`` agree at every M and with the rows of a
     larger batch, ``K`` not a multiple of a chunk."""
-    global CHUNK_K
-    CHUNK_K = 128
     torch.manual_seed(0)
     a, w = torch.randn(140, 300), torch.randn(72, 300)
-    whole = chunked_mm(a, w.t(), split=False)
+    whole = chunked_mm(a, w.t(), split=False, chunk_k=128)
     for count in (1, 3, 64, 70, 140):
-        assert torch.equal(chunked_mm(a[:count], w.t(), split=True), whole[:count]), count
-        assert torch.equal(chunked_mm(a[:count], w.t(), split=False), whole[:count]), count
+        for split in (True, False):
+            assert torch.equal(chunked_mm(a[:count], w.t(), split=split, chunk_k=128),
+                               whole[:count]), (count, split)
     torch.testing.assert_close(whole, a @ w.t(), rtol=1e-5, atol=1e-4)
-    print("OK")
-
-
-def graph_ms(fn: Callable[[], Any], calls: int = 20, replays: int = 10) -> float:
-    """Milliseconds per call of ``fn`` replayed from a CUDA graph of ``calls`` calls."""
-    fn()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(replays):
-        graph.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - started) * 1e3 / (replays * calls)
 
 
 def measure_linear(name: str, inner: int, outer: int, device: torch.device
@@ -202,23 +168,11 @@ def measure_linear(name: str, inner: int, outer: int, device: torch.device
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--interpret", action="store_true",
-                        help="check the bits on CPU (run with TRITON_INTERPRET=1)")
-    args = parser.parse_args()
-    if args.interpret:
-        check_interpreted()
-        return
-    device = torch.device("cuda")
-    result = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-              "gpu": torch.cuda.get_device_name(device), "chunk_k": CHUNK_K,
-              "rows": [row for name, (inner, outer) in LINEARS.items()
-                       for row in measure_linear(name, inner, outer, device)]}
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+def measure(device: torch.device) -> list[dict[str, Any]]:
+    return [row for name, (inner, outer) in LINEARS.items()
+            for row in measure_linear(name, inner, outer, device)]
 
 
 if __name__ == "__main__":
-    main()
+    prototype_main(__doc__.splitlines()[0], check=check_interpreted, measure=measure,
+                   settings={"chunk_k": CHUNK_K})

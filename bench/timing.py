@@ -55,3 +55,26 @@ def interleaved(fns: dict[str, Callable[[], object]], *, rounds: int,
             sync(device)
             seconds[name].append(time.perf_counter() - started)
     return seconds
+
+
+def graph_ms(fn: Callable[[], object], *, calls: int = 20, replays: int = 10) -> float:
+    """Milliseconds per call of ``fn`` as a CUDA graph replays it (no launch cost on the host,
+    as in the decode loop): ``calls`` calls captured once (after a warm-up on a side stream),
+    the graph replayed ``replays`` times."""
+    fn()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) * 1e3 / (replays * calls)

@@ -131,3 +131,18 @@ def run_graft() -> Callable[..., subprocess.CompletedProcess[str]]:
                               text=True, env=full_env, cwd=cwd or REPO, timeout=timeout)
 
     return run
+
+
+@pytest.fixture
+def interpreted_ok() -> Callable[..., None]:
+    """Run a script (``REPO``-relative path, with arguments) under Triton's CPU interpreter
+    (``TRITON_INTERPRET=1``, in its own process: the interpreter is chosen when the kernels are
+    defined) and assert it ends by printing OK; skips without Triton."""
+    pytest.importorskip("triton")
+
+    def run(script: str, *args: str) -> None:
+        done = subprocess.run([sys.executable, str(REPO / script), *args], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+        assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-3000:]
+
+    return run

@@ -36,18 +36,15 @@ def _backward_math(logits: torch.Tensor, labels: torch.Tensor, inv_temperature: 
 
 @cache
 def _fused(kind: str) -> Callable[..., object]:
-    """The CUDA kernel of ``kind`` ("forward" or "backward"): `graft.engine.triton_logprobs`'s,
-    or the math compiled by ``torch.compile`` where Triton cannot be imported."""
-    try:
-        from graft.engine.triton_logprobs import triton_backward, triton_forward
-    except ImportError:
-        math = _forward_math if kind == "forward" else _backward_math
-        return torch.compile(math, dynamic=True)
+    """The CUDA kernel of ``kind`` ("forward" or "backward"), `graft.engine.triton_logprobs`'s
+    (imported on first use: Triton comes with every CUDA build of torch, not with CPU ones)."""
+    from graft.engine.triton_logprobs import triton_backward, triton_forward
+
     return triton_forward if kind == "forward" else triton_backward
 
 
 def fuses(logits: torch.Tensor) -> bool:
-    """Whether the log-probs of ``logits`` take the compiled (fused) kernels: on CUDA, except
+    """Whether the log-probs of ``logits`` take the Triton kernels: on CUDA, except
     inside `graft.engine.exact.exact_kernels` (the eager math with the exact kernels there)."""
     if not logits.is_cuda:
         return False
