@@ -68,3 +68,25 @@ def test_on_cpu_a_plain_head_keeps_autograds_gradients_bit_for_bit():
         plain = grads(head, fused)
         wrapped = grads(lambda x: head(x), fused)
         assert all(torch.equal(a, b) for a, b in zip(plain, wrapped, strict=True))
+
+
+def test_the_engines_head_under_fsdp2_is_a_plain_linear_head() -> None:
+    """On the engine's path (FSDP2, the head applied after the model's forward to the captured
+    hidden states), the head and its parameters are what `linear_head_weight` serves: a plain
+    ``nn.Linear`` and its unsharded weight, not a DTensor. (Were the root resharded after its
+    forward, the GPU's chunked heads would silently take autograd's slower path.)"""
+    from graft.config import compose
+    from graft.engine.distributed import init_distributed
+    from graft.engine.forward import head_inputs, head_parameters, output_head
+    from graft.engine.parallelize import parallelize
+    from graft.models import build_model
+
+    env = init_distributed(device_preference="cpu")
+    cfg = compose(["model.preset=tiny-llama", "engine.device=cpu"])
+    model, family = build_model(cfg.model, seed=0)
+    model = parallelize(model.float(), family, cfg=cfg, mesh=env.mesh, device=env.device)
+    with head_inputs(model):
+        model(input_ids=torch.randint(0, model.config.vocab_size, (1, 8)))
+    head, params = output_head(model), head_parameters(model)
+    assert linear_head_weight(head, params) is head.weight
+    assert type(head.weight.data) is torch.Tensor
