@@ -1,12 +1,17 @@
 """Each ``rollout.exact`` kernel (graft.engine.exact) against the default kernel it replaces, at
 a 1.1B model's decode and training shapes (TinyLlama: hidden 2048, MLP 5632, 32 heads of 64, 4
-key/value heads, vocabulary 32000), bf16 on one GPU: median time of each, their ratio, and
-whether each one's rows are bit-identical between a small and a large batch (the exact ones must
-be; the default ones usually are not).
+key/value heads, vocabulary 32000), bf16 on one GPU: the time of each (on the GPU as a CUDA
+graph replays it, as the decode loop pays it), their ratio, and whether each one's rows are
+bit-identical between a small and a large batch (the exact ones must be; the default ones
+usually are not).
 
-- matmul: ``exact_mm`` (Triton, one tile configuration) vs ``torch.mm`` (cuBLAS), M = the decode
-  batch (32, 256) and the training micro-batch (2048, 16384 tokens), for each layer's (K, N);
-- rms: the RMSNorm's mean of squares, ``tree_mean`` (one Triton program per row) vs ``mean``;
+- matmul: ``exact_mm`` (Triton, one tile configuration, ``K`` in fixed chunks) vs ``torch.mm``
+  (cuBLAS), M = the decode batch (8, 32, 256) and the training micro-batch (2048, 16384 tokens),
+  for each layer's (K, N); each layout's time (``whole``: a program per tile; ``split``: a
+  program per tile and chunk, up to 2048 rows) and whether the two give the same bits;
+- rmsnorm: the exact RMSNorm (one Triton program per row) vs transformers' eager formula with
+  the default kernels, and the eager formula inside the exact mode (about ten kernels);
+- silu: the exact SiLU (one Triton kernel) vs ``F.silu``;
 - logsumexp: the log-prob's normaliser over the vocabulary, ``exact_logsumexp`` vs ``torch``;
 - attention: ``invariant_attention`` vs SDPA, a decode step (256 rows, one query over a
   512-slot cache) and a packed training row (2048 tokens, 8 samples of 256, boolean
@@ -28,10 +33,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from timing import graph_ms
 
+from graft.engine.exact import exact_kernels
 from graft.engine.exact.attention import exact_attention_forward
 from graft.engine.exact.matmul import exact_mm
-from graft.engine.exact.reductions import exact_logsumexp, tree_mean
+from graft.engine.exact.norm import _ExactRMSNorm, eager_rms_norm
+from graft.engine.exact.reductions import exact_logsumexp, exact_silu
 
 HIDDEN, MLP, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 2048, 5632, 32000, 32, 4, 64
 LINEARS = {"q/o": (HIDDEN, HIDDEN), "k/v": (HIDDEN, KV_HEADS * HEAD_DIM),
@@ -39,7 +47,10 @@ LINEARS = {"q/o": (HIDDEN, HIDDEN), "k/v": (HIDDEN, KV_HEADS * HEAD_DIM),
 
 
 def timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    """Median milliseconds of ``fn`` (after two warm-up calls)."""
+    """Milliseconds per call of ``fn``: replayed from a CUDA graph on the GPU, the median of
+    ``repeats`` calls (after two warm-up calls) on the CPU."""
+    if device.type == "cuda":
+        return graph_ms(fn, replays=repeats)
     for _ in range(2):
         fn()
     times = []
@@ -61,10 +72,26 @@ def rows_invariant(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) 
 
 
 def row(kind: str, shape: str, exact_ms: float, default_ms: float, exact_ok: bool,
-        default_ok: bool) -> dict[str, Any]:
+        default_ok: bool, **extra: Any) -> dict[str, Any]:
     return {"kernel": kind, "shape": shape, "exact_ms": round(exact_ms, 4),
             "default_ms": round(default_ms, 4), "exact_over_default": round(exact_ms / default_ms, 3),
-            "exact_rows_invariant": exact_ok, "default_rows_invariant": default_ok}
+            "exact_rows_invariant": exact_ok, "default_rows_invariant": default_ok,
+            **{k: round(v, 4) if isinstance(v, float) else v for k, v in extra.items()}}
+
+
+def layouts(x: torch.Tensor, weight: torch.Tensor, device: torch.device,
+            repeats: int) -> dict[str, Any]:
+    """On the GPU: each layout's time and whether they give the same bits."""
+    if device.type != "cuda":
+        return {}
+    from graft.engine.exact.triton_matmul import invariant_mm
+
+    whole = invariant_mm(x, weight, split=False)
+    times = {"whole_ms": timed(lambda: invariant_mm(x, weight, split=False), device, repeats)}
+    if x.shape[0] <= 2048:
+        times["split_ms"] = timed(lambda: invariant_mm(x, weight, split=True), device, repeats)
+        times["layouts_equal"] = torch.equal(invariant_mm(x, weight, split=True), whole)
+    return times
 
 
 def matmul_rows(device, dtype, batches, linears, repeats) -> list[dict[str, Any]]:
@@ -77,19 +104,48 @@ def matmul_rows(device, dtype, batches, linears, repeats) -> list[dict[str, Any]
                            timed(lambda: exact_mm(x, weight.t()), device, repeats),
                            timed(lambda: torch.mm(x, weight.t()), device, repeats),
                            rows_invariant(lambda t: exact_mm(t, weight.t()), x),
-                           rows_invariant(lambda t: torch.mm(t, weight.t()), x)))
+                           rows_invariant(lambda t: torch.mm(t, weight.t()), x),
+                           **layouts(x, weight.t(), device, repeats)))
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+def exact_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The RMSNorm as the exact model runs it on ``x``'s device."""
+    if x.is_cuda:
+        return _ExactRMSNorm.apply(x, weight, 1e-5)
+    with exact_kernels():
+        return eager_rms_norm(x, weight, 1e-5)
+
+
+def eager_exact_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    with exact_kernels():
+        return eager_rms_norm(x, weight, 1e-5)
+
+
+def elementwise_rows(device, dtype, batches, hidden, mlp, repeats) -> list[dict[str, Any]]:
+    out = []
+    weight = (1 + 0.1 * torch.randn(hidden, device=device)).to(dtype)
+    for m in batches:
+        x = torch.randn(m, hidden, device=device, dtype=dtype)
+        out.append(row("rmsnorm", f"M={m} hidden={hidden}",
+                       timed(lambda: exact_norm(x, weight), device, repeats),
+                       timed(lambda: eager_rms_norm(x, weight, 1e-5), device, repeats),
+                       rows_invariant(lambda t: exact_norm(t, weight), x),
+                       rows_invariant(lambda t: eager_rms_norm(t, weight, 1e-5), x),
+                       exact_eager_chain_ms=timed(lambda: eager_exact_norm(x, weight), device,
+                                                  repeats)))
+        gate = torch.randn(m, mlp, device=device, dtype=dtype)
+        out.append(row("silu", f"M={m} width={mlp}",
+                       timed(lambda: exact_silu(gate), device, repeats),
+                       timed(lambda: F.silu(gate), device, repeats),
+                       rows_invariant(exact_silu, gate), rows_invariant(F.silu, gate)))
     return out
 
 
 def reduction_rows(device, dtype, batches, hidden, vocab, repeats) -> list[dict[str, Any]]:
     out = []
     for m in batches:
-        x = torch.randn(m, hidden, device=device, dtype=torch.float32)
-        out.append(row("rms mean of squares", f"M={m} hidden={hidden}",
-                       timed(lambda: tree_mean(x * x, -1, keepdim=True), device, repeats),
-                       timed(lambda: (x * x).mean(-1, keepdim=True), device, repeats),
-                       rows_invariant(lambda t: tree_mean(t * t, -1), x),
-                       rows_invariant(lambda t: (t * t).mean(-1), x)))
         logits = torch.randn(m, vocab, device=device, dtype=dtype).float()
         out.append(row("logsumexp", f"M={m} vocab={vocab}",
                        timed(lambda: exact_logsumexp(logits, -1), device, repeats),
@@ -161,17 +217,19 @@ def main() -> None:
     if args.tiny:
         device, dtype = torch.device("cpu"), torch.float32
         batches, linears = (8, 256), {"q/o": (64, 128), "head": (64, 128)}
-        hidden, vocab = 64, 128
+        hidden, mlp, vocab = 64, 176, 128
         shapes = dict(heads=4, kv_heads=2, dim=32, decode_batch=8, cache=64, filled=40, row=256,
                       samples=8)
     else:
         device, dtype = torch.device("cuda"), torch.bfloat16
-        batches, linears, hidden, vocab = (32, 256, 2048, 16384), LINEARS, HIDDEN, VOCAB
+        batches, linears, hidden, mlp, vocab = (8, 32, 256, 2048, 16384), LINEARS, HIDDEN, MLP, \
+            VOCAB
         shapes = dict(heads=HEADS, kv_heads=KV_HEADS, dim=HEAD_DIM, decode_batch=256, cache=512,
                       filled=384, row=2048, samples=8)
     torch.manual_seed(0)
     rows = matmul_rows(device, dtype, batches, linears, args.repeats)
-    rows += reduction_rows(device, dtype, (batches[1], batches[-1]), hidden, vocab, args.repeats)
+    rows += elementwise_rows(device, dtype, batches, hidden, mlp, args.repeats)
+    rows += reduction_rows(device, dtype, (256, batches[-1]), hidden, vocab, args.repeats)
     rows += attention_rows(device, dtype, shapes, args.repeats)
     result = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from statistics import mean
+from statistics import mean, median
 from typing import Any
 
 import torch
@@ -154,12 +154,23 @@ def rl_row(args: argparse.Namespace, variant: str, *,
             "response_length": mean(r["response_length"] for r in steady),
             "rollout_s": mean(r["rollout_s"] for r in steady), "update_s": update_s,
             "step_s": mean(r["step_time_s"] for r in steady),
+            # each step's, the warm-up included: a first use of a kernel (a Triton compile, a
+            # graph capture) in a later step shows as one slow step
+            "rollout_s_per_step": [round(r["rollout_s"], 4) for r in history],
+            "update_s_per_step": [round(r["update_s"], 4) for r in history],
+            "step_s_per_step": [round(r["step_time_s"], 4) for r in history],
+            "tokens_per_step_each": [r["tokens"] for r in history],
             "train_infer_logprob_diff": mean(r["train_infer_logprob_diff"] for r in steady),
             # every step, the warm-up included (rollout.exact: 0.0 and 1.0 on each)
             "train_infer_logprob_diff_per_step": [r["train_infer_logprob_diff"] for r in history],
             "train_infer_logprob_exact_fraction_per_step": [
                 r.get("train_infer_logprob_exact_fraction") for r in history],
             "peak_memory_gib": max(r["peak_memory_gib"] for r in history)}, trainer
+
+
+def steady_tokens_per_s(row: dict[str, Any]) -> float:
+    """A variant's tokens over its seconds, the warm-up step left out."""
+    return sum(row["tokens_per_step_each"][1:]) / sum(row["step_s_per_step"][1:])
 
 
 def sft_row(args: argparse.Namespace, trainer: Trainer, rl: dict[str, Any]) -> dict[str, Any]:
@@ -215,7 +226,12 @@ def main() -> None:
     if "exact" in by_variant and "fused-rows" in by_variant:
         exact, fast = by_variant["exact"], by_variant["fused-rows"]
         result["exact_over_fused_rows"] = {
+            # the steps' tokens over their seconds (the variants sample other responses, of
+            # other lengths), then the mean step's time alone, then the median step's
+            "step_tokens_per_s": round(steady_tokens_per_s(exact) / steady_tokens_per_s(fast), 3),
             "step_throughput": round(fast["step_s"] / exact["step_s"], 3),
+            "step_throughput_median": round(median(fast["step_s_per_step"][1:])
+                                            / median(exact["step_s_per_step"][1:]), 3),
             "rollout_tokens_per_s": round(exact["rollout_tokens_per_s"]
                                           / fast["rollout_tokens_per_s"], 3),
             "update_tokens_per_s": round(exact["update_tokens_per_s"]

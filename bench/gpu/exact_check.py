@@ -44,7 +44,7 @@ def relative(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 def attention_gradients(device: str, dtype: torch.dtype) -> dict[str, Any]:
     """The Triton attention against SDPA on one packed row (3 samples, GQA 8/2, head dim 64)."""
-    from graft.engine.exact.triton_attention import invariant_attention
+    from graft.engine.exact.attention_grad import invariant_attention
 
     torch.manual_seed(0)
     segment = torch.tensor([0] * 100 + [1] * 300 + [2] * 112, device=device)

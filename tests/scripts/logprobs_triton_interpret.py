@@ -2,7 +2,8 @@
 tensors: the log-probs, ``logsumexp`` and logits' gradient equal to `graft.engine.logprobs`'
 eager math within fp32 rounding, for a vocabulary of several blocks and a ragged last one,
 per-token temperatures, labels at both ends of the vocabulary, fp32 and bf16 logits, and rows
-with a stride; a label outside the vocabulary gives NaN.
+with a stride; a row's forward the same bits alone as among others; a label outside the
+vocabulary gives NaN.
 
 usage: TRITON_INTERPRET=1 python logprobs_triton_interpret.py   (prints OK)
 """
@@ -36,6 +37,9 @@ def check(dtype: torch.dtype, vocab: int) -> None:
     tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-2,
                                                                               "atol": 1e-3}
     torch.testing.assert_close(got, want, **tolerance)
+    # one program per row: a row's log-prob is the same bits alone (rollout.exact relies on it)
+    alone, alone_lse = triton_forward(logits[3:4], labels[3:4], inv_t[3:4])
+    assert torch.equal(alone, logp[3:4]) and torch.equal(alone_lse, lse[3:4])
 
 
 def check_bad_label() -> None:

@@ -44,13 +44,11 @@ def _fused(kind: str) -> Callable[..., object]:
 
 
 def fuses(logits: torch.Tensor) -> bool:
-    """Whether the log-probs of ``logits`` take the Triton kernels: on CUDA, except
-    inside `graft.engine.exact.exact_kernels` (the eager math with the exact kernels there)."""
-    if not logits.is_cuda:
-        return False
-    from graft.engine.exact.mode import exact_active
-
-    return not exact_active()
+    """Whether the log-probs of ``logits`` take the Triton kernels: on CUDA. Inside
+    `graft.engine.exact.exact_kernels` too: the forward kernel gives each row one program
+    walking the vocabulary in fixed blocks in order, so a token's log-prob does not depend on
+    the rows around it (the rollout's decode batch, the trainer's chunk)."""
+    return logits.is_cuda
 
 
 def _chunks(num_tokens: int, vocab: int) -> list[slice]:

@@ -5,9 +5,12 @@ and decode steps compute every token's logits from the same weights with the sam
 the same order, whatever the batch size, the packing of rows, the token's position in its row or
 the KV-cache length, so the rollout's sampling log-probs equal the trainer's bit for bit.
 
-- `graft.engine.exact.matmul`: products in fixed row tiles (Triton's fixed-tile kernel on CUDA);
+- `graft.engine.exact.matmul`: products in fixed row tiles (on CUDA a Triton kernel of one tile
+  configuration, ``K`` summed in fixed chunks);
 - `graft.engine.exact.attention`: attention over each query's own key window, reduced in its order;
 - `graft.engine.exact.reductions`: pairwise-tree sums, softmaxes, SiLU;
+- `graft.engine.exact.norm`, `graft.engine.exact.rotary`: RMSNorms and the rotary embedding
+  as one kernel per call on CUDA;
 - `graft.engine.exact.experts`: MoE experts (one grouped Triton product per projection on CUDA);
 - `graft.engine.exact.mode`: `exact_kernels`, the dispatch mode that puts them in the model;
 - `graft.engine.exact.support`: what they cannot serve (a `ConfigError` naming it).

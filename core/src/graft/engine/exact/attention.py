@@ -13,6 +13,9 @@ trees over the window (`graft.engine.exact.reductions.tree_sum`), whose width, a
 does not change the result. Two passes (max, then sums) and fp32 throughout; the output in the
 query's dtype.
 
+On CUDA the forward is one Triton kernel (`graft.engine.exact.triton_attention`); on either
+device the gradient is the ordinary attention's (`graft.engine.exact.attention_grad`).
+
 Registered in transformers' attention registry (and its mask registry, so transformers builds a
 boolean mask for it, never skipping it for ``is_causal``) as `EXACT_ATTENTION`.
 """
@@ -44,16 +47,20 @@ def exact_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     causal, the queries last); returns ``(B, Q, H, Dv)`` and no weights."""
     if dropout:
         raise ExactAttentionError("exact attention has no dropout; set attention_dropout=0")
-    batch, heads, queries, dim = query.shape
-    if query.is_cuda:
-        from graft.engine.exact.triton_attention import invariant_attention
+    from graft.engine.exact.attention_grad import invariant_attention
 
-        return invariant_attention(query, key, value, attention_mask, scale=dim ** -0.5
-                                   if scaling is None else scaling), None
-    attend = _attended(attention_mask, batch, queries, key.shape[2], query.device)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    return invariant_attention(query, key, value, attention_mask, scale=scale), None
+
+
+def cpu_window_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         mask: torch.Tensor | None, *, scale: float) -> torch.Tensor:
+    """The exact attention's forward on CPU (no autograd: `WindowAttention`), ``(B, Q, H, Dv)``
+    in the query's dtype, queries taken a chunk at a time."""
+    batch, heads, queries, dim = query.shape
+    attend = _attended(mask, batch, queries, key.shape[2], query.device)
     key, value = key[:, :, :attend.shape[-1]], value[:, :, :attend.shape[-1]]
     start, count = _windows(attend)
-    scale = dim ** -0.5 if scaling is None else scaling
     out = torch.empty((batch, heads, queries, value.shape[-1]), dtype=torch.float32,
                       device=query.device)
     width = 1 << max(int(count.max()) - 1, 0).bit_length() if count.numel() else 1
@@ -62,7 +69,7 @@ def exact_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
         part = slice(first, min(first + step, queries))
         out[:, :, part] = _attend_window(query[:, :, part], key, value, start[:, part],
                                          count[:, part], width, scale)
-    return out.to(query.dtype).transpose(1, 2).contiguous(), None
+    return out.to(query.dtype).transpose(1, 2).contiguous()
 
 
 def _attended(mask: torch.Tensor | None, batch: int, queries: int, keys: int,

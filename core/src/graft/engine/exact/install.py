@@ -1,4 +1,5 @@
-"""`install_exact_kernels`: switch a model to the exact attention and the exact MoE experts."""
+"""`install_exact_kernels`: switch a model to the exact attention, MoE experts, RMSNorms and
+rotary embedding."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 from graft.engine.exact.attention import EXACT_ATTENTION, register_exact_attention
 from graft.engine.exact.experts import (EXACT_EXPERTS, grouped_experts_supported,
                                         register_exact_experts)
+from graft.engine.exact.norm import install_exact_norms
+from graft.engine.exact.rotary import install_exact_rotary
 from graft.engine.exact.support import check_exact_support
 
 
@@ -16,9 +19,10 @@ def install_exact_kernels(model: torch.nn.Module, family: Any = None) -> None:
     """Make ``model`` (a transformers ``PreTrainedModel``, before sharding) attend with
     `graft.engine.exact.attention` and run its MoE experts with `graft.engine.exact.experts`
     (experts of another layout: transformers' ``eager`` loop; grouped GEMMs have no exact
-    kernel); the products and reductions become exact inside
-    `graft.engine.exact.exact_kernels`. A model the kernels cannot serve is a `ConfigError`
-    (`check_exact_support`)."""
+    kernel), its Llama-form RMSNorms and rotary embedding with `graft.engine.exact.norm` and
+    `graft.engine.exact.rotary` (one kernel each on CUDA);
+    the products and reductions become exact inside `graft.engine.exact.exact_kernels`. A
+    model the kernels cannot serve is a `ConfigError` (`check_exact_support`)."""
     check_exact_support(model.config, family)
     register_exact_attention()
     model.set_attn_implementation(EXACT_ATTENTION)
@@ -27,3 +31,5 @@ def install_exact_kernels(model: torch.nn.Module, family: Any = None) -> None:
         model.set_experts_implementation(EXACT_EXPERTS)
     elif getattr(model.config, "_experts_implementation", None) not in (None, "eager"):
         model.set_experts_implementation("eager")
+    install_exact_norms(model)
+    install_exact_rotary(model)

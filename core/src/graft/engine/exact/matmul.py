@@ -15,7 +15,7 @@ fewer, MKL's batched product splits a tile's own product over the threads, in an
 on 2 threads, rows of 2 tiles from the same among 11 on 6 threads).
 
 On CUDA the product is `graft.engine.exact.triton_matmul`'s kernel instead: one tile
-configuration, the whole ``K`` loop in one program, no split-K.
+configuration, ``K`` summed in fixed chunks added in order (never a split chosen by ``M``).
 """
 
 from __future__ import annotations

@@ -120,12 +120,21 @@ def exact_logsumexp(x: torch.Tensor, dim: int | Sequence[int] = -1,
 
 
 def exact_silu(x: torch.Tensor) -> torch.Tensor:
-    """``x * sigmoid(x)`` as ``x / (1 + exp(-x))`` (fp32 for 16-bit inputs)."""
+    """``x * sigmoid(x)`` as ``x / (1 + exp(-x))`` (fp32 for 16-bit inputs; one Triton kernel
+    on CUDA, `graft.engine.exact.triton_activations`)."""
+    if x.is_cuda:
+        from graft.engine.exact.triton_activations import logistic
+
+        return logistic(x, times_x=True)
     work = x.to(_accumulation_dtype(x.dtype))
     return (work / (1.0 + torch.exp(-work))).to(x.dtype)
 
 
 def exact_sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """``1 / (1 + exp(-x))`` (fp32 for 16-bit inputs)."""
+    """``1 / (1 + exp(-x))`` (fp32 for 16-bit inputs; one Triton kernel on CUDA)."""
+    if x.is_cuda:
+        from graft.engine.exact.triton_activations import logistic
+
+        return logistic(x, times_x=False)
     work = x.to(_accumulation_dtype(x.dtype))
     return (1.0 / (1.0 + torch.exp(-work))).to(x.dtype)

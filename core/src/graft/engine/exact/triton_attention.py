@@ -1,8 +1,9 @@
 """The exact attention on CUDA: one Triton program per (query, key head) over its key window.
 
 Each query attends the keys of one contiguous window (`graft.engine.exact.attention`: from its
-sample's first token), given as ``start`` and ``count`` per query, computed from the mask on
-the device (no host synchronisation, so a CUDA graph can capture it). The program loads the
+sample's first token): the program finds its ``start`` and ``count`` by scanning its row of
+the mask (an integer minimum and sum: no host synchronisation, so a CUDA graph can capture it,
+and no kernels of their own in every layer). The program loads the
 query heads that share a key head (one ``tl.dot`` operand, padded to 16 rows: a head is always
 the same row, whichever pass), and walks the window in blocks of `BLOCK_N` keys from its start,
 in order, with the online softmax: every block holds at least one attended key, so a query's
@@ -14,29 +15,49 @@ CPU (the same model code builds the masks); here it is trusted.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import triton
 import triton.language as tl
 
 BLOCK_N = 64
+BLOCK_SCAN = 1024  # mask entries a program reads at a time
 
 
 @triton.jit
-def _window_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, start_ptr, count_ptr, scale,
-                             kv_heads, queries,
-                             sqb, sqh, sqq, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                             sob, soq, soh, sod, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                             DIM: tl.constexpr, BLOCK_D: tl.constexpr, DIM_V: tl.constexpr,
-                             BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-                             IEEE: tl.constexpr):
+def _window(m_ptr, smb, smq, smk, mask_keys, batch, query, keys, queries,
+            MASK: tl.constexpr, BOOL_MASK: tl.constexpr, BLOCK_SCAN: tl.constexpr):
+    """The query's first attended key and number of keys: from its mask row (``MASK``; a
+    boolean mask attends where true, an additive one where 0), else causal, the queries last."""
+    if MASK:
+        count = tl.zeros((), dtype=tl.int32)
+        start = tl.full((), mask_keys, dtype=tl.int32)
+        for first in range(0, mask_keys, BLOCK_SCAN):
+            slots = first + tl.arange(0, BLOCK_SCAN)
+            inside = slots < mask_keys
+            entry = tl.load(m_ptr + batch * smb + query * smq + slots * smk, mask=inside, other=0)
+            attend = inside & ((entry != 0) if BOOL_MASK else (entry == 0))
+            count += tl.sum(attend.to(tl.int32), axis=0)
+            start = tl.minimum(start, tl.min(tl.where(attend, slots, mask_keys), axis=0))
+    else:
+        count = tl.maximum(query + keys - queries + 1, 0)
+        start = tl.zeros((), dtype=tl.int32)
+    return start, count
+
+
+@triton.jit
+def _window_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, m_ptr, scale, kv_heads, queries, keys,
+                             mask_keys, sqb, sqh, sqq, sqd, skb, skh, skn, skd, svb, svh, svn,
+                             svd, sob, soq, soh, sod, smb, smq, smk, GROUP: tl.constexpr,
+                             BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                             DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+                             MASK: tl.constexpr, BOOL_MASK: tl.constexpr,
+                             BLOCK_SCAN: tl.constexpr, IEEE: tl.constexpr):
     query = tl.program_id(0)
     pair = tl.program_id(1)
     batch = pair // kv_heads
     head = pair % kv_heads
-    start = tl.load(start_ptr + batch * queries + query)
-    count = tl.load(count_ptr + batch * queries + query)
+    start, count = _window(m_ptr, smb, smq, smk, mask_keys, batch, query, keys, queries, MASK,
+                           BOOL_MASK, BLOCK_SCAN)
     group = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, BLOCK_D)
     dims_v = tl.arange(0, BLOCK_DV)
@@ -75,102 +96,30 @@ def _window_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, start_ptr, count_ptr, s
              mask=(group[:, None] < GROUP) & (dims_v[None, :] < DIM_V))
 
 
-def windows(mask: torch.Tensor | None, batch: int, queries: int,
-            keys: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Each query's first attended key and key count, ``(B, Q)`` int32 on the device, and the
-    number of keys the mask covers (its last dimension; all keys without a mask)."""
-    if mask is None:
-        count = torch.arange(queries, device=device, dtype=torch.int32) + (keys - queries + 1)
-        count = count.clamp(min=0).expand(batch, queries).contiguous()
-        return torch.zeros_like(count), count, keys
-    attend = mask[:, 0] if mask.dtype == torch.bool else mask[:, 0] == 0
-    attend = attend.expand(batch, queries, mask.shape[-1])
-    count = attend.sum(-1, dtype=torch.int32)
-    start = attend.to(torch.int8).argmax(-1).to(torch.int32)
-    return start.contiguous(), count.contiguous(), mask.shape[-1]
+def _mask_rows(mask: torch.Tensor | None, batch: int, queries: int) -> torch.Tensor | None:
+    """The mask as ``(B, Q, K')`` (a view, broadcast dimensions of stride 0)."""
+    return None if mask is None else mask[:, 0].expand(batch, queries, mask.shape[-1])
 
 
-def invariant_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        mask: torch.Tensor | None, *, scale: float) -> torch.Tensor:
-    """``(B, Q, H, Dv)`` in the query's dtype: query ``(B, H, Q, D)``, key/value
-    ``(B, Hkv, K, D)``, a boolean or additive ``(B|1, 1, Q, K')`` mask (or None: causal).
-    Differentiable: the gradient is the ordinary attention's (`WindowAttention`)."""
-    return WindowAttention.apply(query, key, value, mask, scale)
-
-
-class WindowAttention(torch.autograd.Function):
-    """The Triton forward (`_window_attention`) with the ordinary attention's gradient.
-
-    Only the forward has to be batch-invariant (it computes the logits the rollout samples
-    from and the trainer's log-probs); the backward recomputes the same attention with SDPA
-    outside the exact kernels (`ordinary_kernels`) and differentiates that. A query that
-    attends no key gets output 0 in the forward, a constant, so its gradient is 0: its rows
-    are dropped from the recomputation's incoming gradient.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-        ctx.save_for_backward(query, key, value, mask)
-        ctx.scale = scale
-        return _window_attention(query, key, value, mask, scale=scale)
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        from graft.engine.exact.mode import ordinary_kernels
-
-        query, key, value, mask = ctx.saved_tensors
-        inputs = [t.detach().requires_grad_(needs) for t, needs
-                  in zip((query, key, value), ctx.needs_input_grad[:3], strict=True)]
-        with torch.enable_grad(), ordinary_kernels():
-            out, attends = _reference_attention(*inputs, mask, scale=ctx.scale)
-            grad_out = grad_out.masked_fill(~attends.transpose(1, 2)[..., None], 0.0)
-            wanted = [t for t in inputs if t.requires_grad]
-            grads = iter(torch.autograd.grad(out, wanted, grad_out))
-        return (*(next(grads) if t.requires_grad else None for t in inputs), None, None)
-
-
-def _reference_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         mask: torch.Tensor | None, *, scale: float
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """SDPA over the same keys as `_window_attention`, ``(B, Q, H, Dv)``, and which
-    ``(B, 1, Q)`` queries attend any key (the others attend every key here, to stay finite)."""
-    batch, heads, queries, _ = query.shape
-    keys = key.shape[2] if mask is None else mask.shape[-1]
-    if mask is None:
-        slots = torch.arange(keys, device=query.device)
-        attend = slots[None, :] <= torch.arange(queries, device=query.device)[:, None] + \
-            (keys - queries)
-        attend = attend[None, None]
-    else:
-        attend = mask if mask.dtype == torch.bool else mask == 0
-    attend = attend.expand(batch, 1, queries, keys)
-    attends = attend.any(-1)
-    attend = attend | ~attends[..., None]
-    group = heads // key.shape[1]
-    key = key[:, :, :keys].repeat_interleave(group, 1)
-    value = value[:, :, :keys].repeat_interleave(group, 1)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attend,
-                                                           scale=scale)
-    return out.transpose(1, 2), attends
-
-
-def _window_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      mask: torch.Tensor | None, *, scale: float) -> torch.Tensor:
-    """The Triton kernel's output, ``(B, Q, H, Dv)`` (no autograd)."""
+def triton_window_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            mask: torch.Tensor | None, *, scale: float) -> torch.Tensor:
+    """The Triton kernel's output, ``(B, Q, H, Dv)`` (no autograd:
+    `graft.engine.exact.attention_grad.invariant_attention`)."""
     batch, heads, queries, dim = query.shape
     kv_heads, dim_v = key.shape[1], value.shape[-1]
-    start, count, _ = windows(mask, batch, queries, key.shape[2], query.device)
+    rows = _mask_rows(mask, batch, queries)
     out = torch.empty((batch, queries, heads, dim_v), dtype=query.dtype, device=query.device)
     if out.numel() == 0:
         return out
     group = heads // kv_heads
     grid = (queries, batch * kv_heads)
+    mask_args = (query, 0, 0, 0, 0) if rows is None else (rows, *rows.stride(), rows.shape[-1])
     _window_attention_kernel[grid](
-        query, key, value, out, start, count, scale, kv_heads, queries, *query.stride(),
-        *key.stride(), *value.stride(), *out.stride(), GROUP=group,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), DIM=dim,
+        query, key, value, out, mask_args[0], scale, kv_heads, queries, key.shape[2],
+        mask_args[4], *query.stride(), *key.stride(), *value.stride(), *out.stride(),
+        *mask_args[1:4], GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), DIM=dim,
         BLOCK_D=max(16, triton.next_power_of_2(dim)), DIM_V=dim_v,
         BLOCK_DV=max(16, triton.next_power_of_2(dim_v)), BLOCK_N=BLOCK_N,
-        IEEE=query.dtype == torch.float32, num_warps=4)
+        MASK=rows is not None, BOOL_MASK=rows is not None and rows.dtype == torch.bool,
+        BLOCK_SCAN=BLOCK_SCAN, IEEE=query.dtype == torch.float32, num_warps=4)
     return out
