@@ -7,8 +7,10 @@ the KV-cache length, so the rollout's sampling log-probs equal the trainer's bit
 
 - `graft.engine.exact.matmul`: products in fixed row tiles (on CUDA a Triton kernel of one tile
   configuration, ``K`` summed in fixed chunks);
-- `graft.engine.exact.attention`: attention over each query's own key window, reduced in its order;
-- `graft.engine.exact.reductions`: pairwise-tree sums, softmaxes, SiLU;
+- `graft.engine.exact.attention`: attention over each query's own key window, reduced in its
+  order (`graft.engine.exact.attention_grad`: its gradient, the ordinary attention's);
+- `graft.engine.exact.reductions`: pairwise-tree sums, softmaxes, SiLU (one Triton kernel on
+  CUDA);
 - `graft.engine.exact.norm`, `graft.engine.exact.rotary`: RMSNorms and the rotary embedding
   as one kernel per call on CUDA;
 - `graft.engine.exact.experts`: MoE experts (one grouped Triton product per projection on CUDA);

@@ -7,8 +7,8 @@ one-program-per-row kernel; elsewhere (CPU, or outside the mode) it is the modul
 which the mode makes exact. The trainer and the embedded engine install it alike, so both
 compute a token's norm with the same kernel. Its gradient is the eager formula's, from the
 forward's ``rsqrt`` per row, through the ordinary kernels (gradients need not be
-batch-invariant). Norms of another form (Gemma's ``1 +
-weight``, a hub kernel) keep their forward.
+batch-invariant). Norms of another form (Gemma's ``1 + weight``, a hub kernel) keep their
+forward.
 """
 
 from __future__ import annotations
@@ -18,13 +18,8 @@ from typing import Any
 
 import torch
 
+from graft.engine.exact.code_form import same_code
 from graft.engine.exact.mode import exact_active, ordinary_kernels
-
-
-def _code_key(function: Any) -> tuple | None:
-    code = getattr(function, "__code__", None)
-    return None if code is None else (code.co_code, code.co_names, code.co_consts,
-                                      code.co_varnames)
 
 
 def llama_form_rms_norm(module: torch.nn.Module) -> bool:
@@ -35,7 +30,7 @@ def llama_form_rms_norm(module: torch.nn.Module) -> bool:
     weight = getattr(module, "weight", None)
     return (isinstance(weight, torch.Tensor) and weight.dim() == 1
             and isinstance(getattr(module, "variance_epsilon", None), float)
-            and _code_key(type(module).forward) == _code_key(LlamaRMSNorm.forward))
+            and same_code(type(module).forward, LlamaRMSNorm.forward))
 
 
 def eager_rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -20,14 +20,10 @@ from typing import Any
 
 import torch
 
+from graft.engine.exact.code_form import same_code
 from graft.engine.exact.mode import exact_active, ordinary_kernels
 
 _MARK = "__graft_exact_rotary__"
-
-
-def _code_key(function: Any) -> tuple | None:
-    code = getattr(function, "__code__", None)
-    return None if code is None else (code.co_code, code.co_names, code.co_varnames)
 
 
 def llama_form_rotary(module: Any) -> bool:
@@ -39,8 +35,8 @@ def llama_form_rotary(module: Any) -> bool:
     if getattr(apply, _MARK, False):
         return True
     reference = llama.apply_rotary_pos_emb  # Llama's own may be wrapped already
-    return (_code_key(apply) == _code_key(getattr(reference, "__wrapped__", reference))
-            and _code_key(getattr(module, "rotate_half", None)) == _code_key(llama.rotate_half))
+    return (same_code(apply, getattr(reference, "__wrapped__", reference))
+            and same_code(getattr(module, "rotate_half", None), llama.rotate_half))
 
 
 def _rotate_half_transposed(x: torch.Tensor) -> torch.Tensor:

@@ -119,9 +119,9 @@ def split_pays(rows: int, cols: int, inner: int, device: torch.device) -> bool:
     """Whether ``split`` suits an ``(rows, inner) x (inner, cols)`` product: more than one
     chunk, and fewer tiles than the GPU has multiprocessors (a CPU tensor, under the
     interpreter, counts 132: an H100's). Measured on an H100 at the 1.1B shapes
-    (bench/exact_kernels.py): split is faster for every such product (2048 x 2048 at 8 rows:
-    7.2 against 15.6 us; 2048 x 256 at 2048 rows: 11.9 against 15.4 us) and slower for every
-    other one (2048 x 5632 at 256 rows: 33.8 against 21.4 us)."""
+    (bench/exact_kernels.py, results/exact_kernels.json): split is faster for every such
+    product (2048 x 2048 at 8 rows: 7.1 against 19.5 us; 2048 x 256 at 2048 rows: 11.9 against
+    18.7 us) and slower for every other one (2048 x 5632 at 256 rows: 33.9 against 19.5 us)."""
     tiles = triton.cdiv(rows, BLOCK_M) * triton.cdiv(cols, BLOCK_N)
     units = _multiprocessors(device.index or 0) if device.type == "cuda" else 132
     return inner > CHUNK_K and tiles < units
