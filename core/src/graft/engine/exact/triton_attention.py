@@ -3,9 +3,9 @@
 Each query attends the keys of one contiguous window (`graft.engine.exact.attention`: from its
 sample's first token): the program finds its ``start`` and ``count`` by scanning its row of
 the mask (an integer minimum and sum: no host synchronisation, so a CUDA graph can capture it,
-and no kernels of their own in every layer). The program loads the
-query heads that share a key head (one ``tl.dot`` operand, padded to 16 rows: a head is always
-the same row, whichever pass), and walks the window in blocks of `BLOCK_N` keys from its start,
+and no kernels of their own in every layer). The program loads the query heads that share a
+key head (one ``tl.dot`` operand, padded to 16 rows: a head is always the same row, whichever
+pass), and walks the window in blocks of `BLOCK_N` keys from its start,
 in order, with the online softmax: every block holds at least one attended key, so a query's
 result depends only on its ``count`` keys, in the same order, for a packed training row, a
 prefill and a decode step over a longer cache alike. ``p`` is rounded to the values' dtype
