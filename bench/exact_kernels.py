@@ -110,17 +110,15 @@ def matmul_rows(device, dtype, batches, linears, repeats) -> list[dict[str, Any]
     return out
 
 
-def exact_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The RMSNorm as the exact model runs it on ``x``'s device."""
-    if x.is_cuda:
-        return _ExactRMSNorm.apply(x, weight, 1e-5)
-    with exact_kernels():
-        return eager_rms_norm(x, weight, 1e-5)
-
-
 def eager_exact_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """transformers' RMSNorm formula inside the exact mode (its CPU path)."""
     with exact_kernels():
         return eager_rms_norm(x, weight, 1e-5)
+
+
+def exact_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The RMSNorm as the exact model runs it on ``x``'s device (one kernel on CUDA)."""
+    return _ExactRMSNorm.apply(x, weight, 1e-5) if x.is_cuda else eager_exact_norm(x, weight)
 
 
 def elementwise_rows(device, dtype, batches, hidden, mlp, repeats) -> list[dict[str, Any]]:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from graft.engine.exact.attention_grad import invariant_attention
 from graft.engine.exact.reductions import tree_sum
 
 EXACT_ATTENTION = "graft_exact"
@@ -47,8 +48,6 @@ def exact_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     causal, the queries last); returns ``(B, Q, H, Dv)`` and no weights."""
     if dropout:
         raise ExactAttentionError("exact attention has no dropout; set attention_dropout=0")
-    from graft.engine.exact.attention_grad import invariant_attention
-
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     return invariant_attention(query, key, value, attention_mask, scale=scale), None
 

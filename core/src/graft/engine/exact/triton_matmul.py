@@ -13,7 +13,7 @@ additions in the same order run one of two ways, with the same bits:
   totals in order (decode batches: a 64 x 128 tile gives a 2048-wide output 16 programs at 8
   rows, too few for a GPU's SMs; a 2048-deep ``K`` gives 4 times as many). Letting each tile's
   last program add them instead (an atomic count per tile) was slower on an H100: 15.8 us a
-  product against 9.7 + 2.2 in the 1.1B rollout's profile.
+  product against 10.0 + 2.2 in the 1.1B rollout's profile (bench/README.md).
 
 ``whole`` takes tiles of `WHOLE_BLOCK_M` rows with twice the warps: on a GPU with warp-group
 MMA (Hopper) each group of four warps computes 64 of its rows with the 64-row tile's
