@@ -181,6 +181,31 @@ def test_a_rollout_of_another_cache_length_lets_the_old_graphs_and_their_pool_go
     assert {length for _, length in decoder._states} == {128}
 
 
+def test_a_shorter_rollout_replays_the_prepared_states_of_a_longer_one() -> None:
+    """A validation's rollout (or a step of shorter prompts) between training steps decodes in
+    the training's cache and graphs: letting them go made the next step capture and compile them
+    all again (a slow step after each validation)."""
+    model = tiny_llama("sdpa")
+    decoder = GraphedDecoder(model, pad_token_id=PAD, eos_token_id=None, use_graphs=False)
+    long_prompts = [[5 + i, 6, 7, 8, 9, 10][: 2 + i % 5] for i in range(8)]
+    decoder.generate(*left_pad(long_prompts), SamplingSpec(1.0, 1.0, 100))  # 128 slots
+    prepared = dict(decoder._states)
+    assert {length for _, length in prepared} == {128}
+    short = [[11, 12], [13, 14, 15]]
+    torch.manual_seed(2)
+    tokens, logprobs = decoder.generate(*left_pad(short), SamplingSpec(0.9, 1.0, 40))  # 64 needed
+    assert_own_log_probs(model, short, tokens, logprobs, 0.9)
+    assert all(decoder._states[key] is state for key, state in prepared.items())
+    assert {length for _, length in decoder._states} == {128}
+    decoder.generate(*left_pad(long_prompts), SamplingSpec(1.0, 1.0, 100))
+    assert all(decoder._states[key] is state for key, state in prepared.items())
+    decoder.generate(*left_pad(long_prompts), SamplingSpec(1.0, 1.0, 150))  # 192: they go
+    assert {length for _, length in decoder._states} == {192}
+    # a cache over twice as long as needed is memory spent on nothing: it goes too
+    decoder.generate(*left_pad(short), SamplingSpec(1.0, 1.0, 8))
+    assert {length for _, length in decoder._states} == {64}
+
+
 def test_sliding_window_models_keep_transformers_path() -> None:
     config = AutoConfig.for_model("mistral", hidden_size=64, intermediate_size=128,
                                   num_hidden_layers=2, num_attention_heads=4,

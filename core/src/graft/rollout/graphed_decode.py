@@ -66,6 +66,8 @@ from graft.rollout.types import SamplingSpec
 CACHE_LENGTH_MULTIPLE = 64  # cache lengths round up to this, so nearby prompt lengths share a graph
 ATTENDED_LENGTHS = 8  # at most this many attended lengths (graphs) per batch size
 BATCH_SIZE_STEPS = 8  # a batch shrinks in steps of about 1/8 of where it started
+# a prepared cache up to this many times longer than a rollout needs serves it (memory bound)
+REUSED_CACHE_SLACK = 2
 # The attention implementations this loop hands a ready 4-D mask to: SDPA takes a boolean one
 # (True: attend; the loop's own grouped-query attention too), eager an additive one.
 MASKS = ("sdpa", GROUPED_ATTENTION, EXACT_ATTENTION, "eager")
@@ -149,7 +151,7 @@ class GraphedDecoder:
         if spec.max_new_tokens < 1:
             empty = torch.empty((batch, 0), device=ids.device)
             return empty.long(), empty
-        length = prompt_length + spec.max_new_tokens
+        length = self._cache_length(prompt_length + spec.max_new_tokens)
         state = self._state(batch, length, ids.device)
         # Prepared now, never in the middle of a rollout: a new state's capture runs steps
         # that write the cache rows it shares with the larger batches.
@@ -184,6 +186,16 @@ class GraphedDecoder:
             attended = next(n for n in attended_lengths if n > prompt_length + step)
             logits = self._decode(state, attended)
         return tokens[:, :step + 1], logprobs[:, :step + 1]
+
+    def _cache_length(self, needed: int) -> int:
+        """The cache length a rollout of ``needed`` tokens a row decodes in: that of the states
+        already prepared when it is long enough and at most `REUSED_CACHE_SLACK` times what is
+        needed, else ``needed`` rounded up. A validation's rollout, or a step whose prompts are
+        a little shorter, then replays the training's graphs rather than letting them go (and
+        the next step capturing and compiling them again)."""
+        needed = _round_up(needed, CACHE_LENGTH_MULTIPLE)
+        prepared = max((length for _, length in self._states), default=0)
+        return prepared if needed <= prepared <= REUSED_CACHE_SLACK * needed else needed
 
     def _attended_lengths(self, cache_length: int) -> list[int]:
         """The key lengths a decode step over a ``cache_length`` cache attends to, one graph
