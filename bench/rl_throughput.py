@@ -17,7 +17,9 @@ exact fraction in its row, its step throughput over fused-rows' in ``exact_over_
 batch's lengths. The first step (warm-up) is left out of the averages; each row reports its
 ``time_to_first_step_s`` (from the start of the process for the first variant, of its run for
 the others). ``--cold-warm`` runs the default twice more, each in a fresh process with one step: with
-an empty torch.compile cache folder, then with the folder the first filled.
+an empty torch.compile cache folder, then with the folder the first filled. They run first, before
+this process builds any model, so each has the GPU to itself (started while this process held a
+1.1B run's memory, both ran out of it).
 
     python3 bench/rl_throughput.py --out $OUT/rl_throughput.json          # the defaults
     python3 bench/rl_throughput.py --cold-warm --out $OUT/rl_default.json
@@ -121,10 +123,12 @@ def sft_step_seconds(trainer: Trainer, lengths: list[int], prompt: int, repeats:
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
-def rl_row(args: argparse.Namespace, variant: str, *,
-           profile: dict[str, Any] | None = None) -> tuple[dict[str, Any], Trainer]:
+def rl_row(args: argparse.Namespace, variant: str, *, profile: dict[str, Any] | None = None,
+           waited_s: float = 0.0) -> tuple[dict[str, Any], Trainer]:
     """One variant's RL run; with ``profile`` (a dict), one more rollout after the last step is
-    profiled into it (`rollout_profile.py`) before the run stops its rollout engine."""
+    profiled into it (`rollout_profile.py`) before the run stops its rollout engine.
+    ``waited_s``: seconds this process spent before the run waiting for others (the
+    ``--cold-warm`` processes), left out of a time to first step counted from its start."""
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = config(args, run_dir, variant)
         trainer = Trainer(cfg)
@@ -144,7 +148,7 @@ def rl_row(args: argparse.Namespace, variant: str, *,
     first = next(r for r in history if "time_to_first_step_s" in r)
     return {"variant": variant, "overrides": VARIANTS[variant],
             "auto": [str(choice) for choice in trainer.auto_choices], "parameters": params,
-            "time_to_first_step_s": round(first["time_to_first_step_s"], 1),
+            "time_to_first_step_s": round(first["time_to_first_step_s"] - waited_s, 1),
             "compile_cache_hits": first.get("compile_cache_hits", 0),
             "compile_cache_misses": first.get("compile_cache_misses", 0),
             "tokens_per_step": round(tokens),
@@ -194,8 +198,9 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=["default"])
     parser.add_argument("--cold-warm", action="store_true",
-                        help="also run the default twice in fresh processes (one step each): "
-                             "an empty compile cache folder, then the same folder again")
+                        help="also run the default twice in fresh processes (one step each), "
+                             "before this process builds a model: an empty compile cache "
+                             "folder, then the same folder again")
     parser.add_argument("--no-sft", action="store_true", help="skip the SFT row")
     parser.add_argument("--override", nargs="*", default=[], help="more config overrides")
     parser.add_argument("--tiny", action="store_true")
@@ -204,11 +209,17 @@ def main() -> None:
                         help="profile one more rollout of the last variant after its steps and "
                              "write the summary to PATH (rollout_profile.py)")
     args = parser.parse_args()
+    # before any model of this process: the fresh processes need the GPU's memory
+    started = time.perf_counter()
+    cold_warm_runs = cold_warm(args) if args.cold_warm else None
+    waited_s = time.perf_counter() - started
     rows, trainer, profile = [], None, {}
-    for variant in args.variants:
+    for index, variant in enumerate(args.variants):
         try:
             last = variant == args.variants[-1] and args.profile_rollout
-            row, trainer = rl_row(args, variant, profile=profile if last else None)
+            # the first run counts from the process's start: the cold/warm runs' time left out
+            row, trainer = rl_row(args, variant, profile=profile if last else None,
+                                  waited_s=waited_s if index == 0 else 0.0)
         except Exception as error:  # noqa: BLE001 - one failing variant must not lose the others
             row = {"variant": variant, "error": f"{type(error).__name__}: {error}"[:500]}
         rows.append(row)
@@ -238,8 +249,8 @@ def main() -> None:
                                          / fast["update_tokens_per_s"], 3),
             "mismatch_zero_every_step": all(
                 d == 0.0 for d in exact["train_infer_logprob_diff_per_step"])}
-    if args.cold_warm:
-        result["cold_warm"] = cold_warm(args)
+    if cold_warm_runs is not None:
+        result["cold_warm"] = cold_warm_runs
     print(f"{'variant':<36} {'update tok/s':>12} {'TFLOP/s':>8} {'rollout tok/s':>13} "
           f"{'step s':>7} {'mismatch':>9} {'1st step s':>10}")
     for row in rows:

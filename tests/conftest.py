@@ -25,6 +25,8 @@ SITES = {
     "moe_ep": ("graft_moe_ep_plugin",),
     "meta_blind": ("graft_meta_blind_plugin",),
     "offload_standin": ("graft_offload_standin_plugin",),
+    "needs_dep": ("graft_needs_dep_plugin",),
+    "faulty_rewards": ("graft_faulty_rewards_plugin",),
 }
 
 ENV_KEYS = ("GRAFT_PLUGINS", "GRAFT_DISABLE_PLUGINS", "GRAFT_TRACE_PLUGINS", "GRAFT_DEBUG")

@@ -124,6 +124,26 @@ def test_plugins_import_only_public_names() -> None:
                      + ". Import the public re-export, or make the name public in the core.")
 
 
+def test_the_documented_plugins_tests_import_only_public_names() -> None:
+    """docs/plugins.md's example plugin tests itself through the public API (``graft.testing``
+    has what a registry plugin's tests call), as a plugin author's tests would."""
+    tests = sorted(REPO.glob("docs/examples/*/tests/*.py"))
+    assert tests
+    api = public_api()
+    found = [f"{path.relative_to(REPO)}: {module}.{name}" for path in tests
+             for module, name in private_imports(path.read_text(), api)]
+    assert not found, "the example's tests import names outside the public API: " + "; ".join(found)
+
+
+def test_what_plugin_authors_need_is_public() -> None:
+    """The names docs/plugins.md sends plugin authors to: the trainer-mode job's protocol and
+    the helpers of a registry plugin's tests."""
+    api = public_api()
+    assert "TrainingJob" in api["graft"]
+    assert {"AggregationContext", "aggregate_loss", "advantage_estimators",
+            "compute_advantages"} <= api["graft.testing"]
+
+
 def test_the_known_violations_list_only_shrinks() -> None:
     fixed = sorted(KNOWN_VIOLATIONS - violations())
     assert not fixed, f"fixed: remove from KNOWN_VIOLATIONS: {fixed}"

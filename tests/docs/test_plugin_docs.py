@@ -1,8 +1,10 @@
 """docs/plugins.md runs as written: its files are the example plugin in docs/examples/graft_myfeature,
-installed here for real, and every command it shows is run against that install."""
+installed here for real, and every command it shows is run against that install; its section 1
+alone is a plugin that loads."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -24,6 +26,8 @@ EXAMPLE = REPO / "docs" / "examples" / "graft_myfeature"
 LANGUAGES = {".toml": "toml", ".py": "python", ".yaml": "yaml"}
 # A file shown in the doc: a "File `PATH`:" line, a blank line, then a fenced block of it.
 FILE_BLOCK = re.compile(r"^File `([^`]+)`:\n\n```(\w+)\n(.*?)^```$", re.M | re.S)
+# Lines a later section appends to a file shown before (after two blank lines).
+ADD_BLOCK = re.compile(r"^Add to `([^`]+)`:\n\n```(\w+)\n(.*?)^```$", re.M | re.S)
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
 
 
@@ -45,8 +49,18 @@ def doc_commands() -> list[str]:
 REPO_FILE = "tests/plugins/"
 
 
+def shown_files(text: str) -> dict[str, tuple[str, str]]:
+    """Path -> (language, content) of every file the doc shows: its "File" block followed by
+    each "Add to" block of it, in the doc's order."""
+    shown = {path: (lang, body) for path, lang, body in FILE_BLOCK.findall(text)}
+    for path, lang, body in ADD_BLOCK.findall(text):
+        assert path in shown and shown[path][0] == lang, f"an addition to {path} before the file"
+        shown[path] = (lang, shown[path][1] + "\n\n" + body)
+    return shown
+
+
 def test_the_doc_shows_every_example_file_verbatim() -> None:
-    shown = {path: (lang, body) for path, lang, body in FILE_BLOCK.findall(DOC.read_text())}
+    shown = shown_files(DOC.read_text())
     example = sorted(p for p in shown if not p.startswith(REPO_FILE))
     assert example == example_files(), "the doc must show the whole example plugin"
     for path, (lang, body) in shown.items():
@@ -57,9 +71,36 @@ def test_the_doc_shows_every_example_file_verbatim() -> None:
 
 def test_every_code_block_is_a_tested_file_or_command() -> None:
     text = DOC.read_text()
-    files = len(FILE_BLOCK.findall(text))
+    files = len(FILE_BLOCK.findall(text)) + len(ADD_BLOCK.findall(text))
     other = [lang for lang, _ in FENCE.findall(text) if lang != "bash"]
     assert len(other) == files, "a code block that is neither an example file nor bash commands"
+
+
+def section(text: str, number: int) -> str:
+    """The doc's section ``number`` (from its "## N." heading to the next heading)."""
+    start = text.index(f"\n## {number}. ")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def test_section_1_alone_is_a_plugin_that_loads(run_graft, tmp_path: Path) -> None:
+    """The files of section 1, as shown there, installed: the plugin loads with its section."""
+    first = section(DOC.read_text(), 1)
+    assert not ADD_BLOCK.findall(first)
+    source = tmp_path / "graft_myfeature"
+    for path, _, body in FILE_BLOCK.findall(first):
+        (source / path).parent.mkdir(parents=True, exist_ok=True)
+        (source / path).write_text(body)
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "install",
+                    "--no-deps", "--no-build-isolation", "--target", str(tmp_path / "site"),
+                    str(source)], check=True)
+    listed = run_graft(["plugins", "--json"], site=tmp_path / "site", cwd=source)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    (plugin,) = [p for p in json.loads(listed.stdout) if p["name"] == "myfeature"]
+    assert (plugin["status"], plugin["error"]) == ("loaded", None)
+    assert set(plugin["hooks"]) == {"graft_config_sections", "graft_pre_shard"}
+    shown = run_graft(["config", "show", "features.myfeature.enabled=true"],
+                      site=tmp_path / "site", cwd=source)
+    assert shown.returncode == 0 and "    enabled: true\n" in shown.stdout, shown.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")

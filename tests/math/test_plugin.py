@@ -16,7 +16,7 @@ from graft_math.reward import math_reward
 
 def test_the_installed_plugin_passes_graft_testing() -> None:
     assert check_installed_plugin("math") == ["graft_config_sections", "graft_reward_functions"]
-    assert check_config_section("math", MathConfig) == {"extract": "any", "parse_timeout_s": 5}
+    assert check_config_section("math", MathConfig) == {"extract": "strict", "parse_timeout_s": 5}
 
 
 def test_the_reward_is_selectable_by_name() -> None:

@@ -29,12 +29,12 @@ def scores(*overrides: str) -> tuple[list[float], list[float], dict[str, float]]
 def test_math_verifys_own_timeout_ends_a_pathological_comparison() -> None:
     first, again, metrics = scores("features.math.parse_timeout_s=1",
                                    "algorithm.reward_timeout_s=600")
-    assert first == [0.0, 1.0] and metrics == {"reward_timeouts": 0.0}
+    assert first == [0.0, 1.0] and metrics == {"reward_timeouts": 0.0, "reward_errors": 0.0}
     assert again == [1.0, 1.0]
 
 
 def test_the_pool_kills_a_sample_past_the_reward_timeout() -> None:
     first, again, metrics = scores("features.math.parse_timeout_s=600",
                                    "algorithm.reward_timeout_s=3")
-    assert first == [0.0, 1.0] and metrics == {"reward_timeouts": 1.0}
+    assert first == [0.0, 1.0] and metrics == {"reward_timeouts": 1.0, "reward_errors": 0.0}
     assert again == [1.0, 1.0]

@@ -1,6 +1,7 @@
 """Graft: a plugin framework for LLM post-training (RL and SFT) on PyTorch.
 
-Plugin authors need `hookimpl` (and `graft.config.choice`, `graft.testing`); library users call
+Plugin authors need `hookimpl` (and `graft.config.choice`, `graft.testing`, and `TrainingJob`,
+the protocol a ``graft_trainer_modes`` factory's job follows); library users call
 `graft.config.compose` and the training API. Importing ``graft`` is cheap: no torch.
 """
 
@@ -9,12 +10,14 @@ from typing import Any
 from graft._version import __version__
 from graft.hookspecs import hookimpl
 
-__all__ = ["Trainer", "__version__", "build_model", "compose", "hookimpl", "parallelize", "train"]
+__all__ = ["Trainer", "TrainingJob", "__version__", "build_model", "compose", "hookimpl",
+           "parallelize", "train"]
 
 # The training API imports torch; it is loaded on first access.
 _LAZY = {
     "train": "graft.training.api",
     "Trainer": "graft.training.trainer",
+    "TrainingJob": "graft.training.job",
     "build_model": "graft.models.build",
     "parallelize": "graft.engine.parallelize",
     "compose": "graft.config.compose",

@@ -115,10 +115,14 @@ def test_a_malformed_verl_row_names_file_and_row(tmp_path: Path) -> None:
         rl_samples(path)
 
 
-def test_a_non_text_response_names_the_record(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("response", "message"), [
+    (["b"], r"'response' is a list, but its item 1 is not a chat message"),
+    (5, r"'response' must be text or a list of chat messages"),
+])
+def test_a_non_text_response_names_the_record(tmp_path: Path, response, message) -> None:
     path = tmp_path / "s.jsonl"
-    path.write_text(json.dumps({"prompt": "a", "response": ["b"]}) + "\n")
-    with pytest.raises(DataError, match=rf"^{path}, line 1: 'response' must be text"):
+    path.write_text(json.dumps({"prompt": "a", "response": response}) + "\n")
+    with pytest.raises(DataError, match=rf"^{path}, line 1: {message}"):
         load_text_samples(DataConfig(source="file", path=str(path)), seed=0,
                           require_response=True)
 

@@ -174,11 +174,12 @@ def test_gspo_is_a_built_in_policy_loss() -> None:
 
 
 def test_dual_clip_with_gspo_is_a_config_error() -> None:
-    """GSPO has no dual clip (verl's neither): a clip_ratio_c it would ignore is refused."""
+    """GSPO has no dual clip (verl's neither): a clip_ratio_c the user set, which it would
+    ignore, is refused; the default is turned off (test_defaults_follow_choices)."""
     with pytest.raises(ConfigError, match=r"loss.policy_loss=gspo has no dual clip, so "
                                           r"loss.clip_ratio_c=3.0 would be ignored.*set "
                                           r"loss.clip_ratio_c=null"):
-        graft.compose(["loss.policy_loss=gspo"])
+        graft.compose(["loss.policy_loss=gspo", "loss.clip_ratio_c=3.0"])
     graft.compose(["loss.policy_loss=ppo", "loss.clip_ratio_c=3.0"])  # PPO's dual clip
 
 

@@ -4,6 +4,7 @@ the caller, and a process runs rewards in its main thread (signals work there)."
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -113,8 +114,8 @@ def test_a_killed_process_is_replaced(pool, rewards_module) -> None:
 
 def test_processes_run_rewards_in_their_main_thread(pool, rewards_module) -> None:
     assert pool("process").score(tasks(rewards_module.alarm_in_main_thread, ["a"])).scores == [1.0]
-    with pytest.raises(RuntimeError, match=r"signal only works in main thread"):
-        pool("thread").score(tasks(rewards_module.alarm_in_main_thread, ["a"]))
+    failure = pool("thread").score(tasks(rewards_module.alarm_in_main_thread, ["a"])).failures[0]
+    assert "signal only works in main thread" in failure.detail
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
@@ -124,10 +125,14 @@ def test_a_rewards_data_error_reaches_the_caller_as_it_is(pool, rewards_module, 
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
-def test_a_reward_bug_names_the_reward_and_sample(pool, rewards_module, kind) -> None:
-    with pytest.raises(RuntimeError, match=r"(?s)the reward pool_rewards.crash failed on f.jsonl, "
-                                           r"line 1:\n.*ZeroDivisionError: a plugin bug"):
-        pool(kind).score(tasks(rewards_module.crash, ["a"]))
+def test_a_reward_bug_is_a_failure_of_its_sample_and_the_batch_goes_on(pool, rewards_module,
+                                                                         kind) -> None:
+    result = pool(kind).score(tasks(rewards_module.crash, ["a", "b"]))
+    assert result.scores == [0.0, 0.0] and sorted(result.failures) == [0, 1]
+    message = result.failures[0].describe("pool_rewards.crash", "f.jsonl, line 1")
+    assert re.fullmatch(r"the reward pool_rewards.crash failed on f.jsonl, line 1: "
+                        r'ZeroDivisionError: a plugin bug \(".*pool_rewards.py", line \d+, '
+                        r"in crash\)", message), message
 
 
 def test_a_process_reward_must_pickle(pool) -> None:
@@ -138,6 +143,7 @@ def test_a_process_reward_must_pickle(pool) -> None:
 
 
 def test_a_reward_that_returns_no_number_is_named(pool) -> None:
-    with pytest.raises(PluginError, match=r"returned 'yes' for f.jsonl, line 1; a reward "
-                                          r"returns a number"):
-        pool("thread").score(tasks(lambda response: "yes", ["a"]))
+    failure = pool("thread").score(tasks(lambda response: "yes", ["a"])).failures[0]
+    assert failure.describe("r", "f.jsonl, line 1") == ("the reward r returned 'yes' for "
+                                                        "f.jsonl, line 1; a reward returns a "
+                                                        "finite number")

@@ -66,7 +66,7 @@ def test_a_mixed_batch_is_scored_per_data_source(graft_plugin) -> None:
     finally:
         scorer.close()
     assert scores == [1.0, 0.0, 0.0, 1.0]
-    assert scorer.metrics() == {"reward_timeouts": 0.0}
+    assert scorer.metrics() == {"reward_timeouts": 0.0, "reward_errors": 0.0}
 
 
 def test_a_keyword_only_reward_runs_in_an_rl_step(graft_plugin, tmp_path: Path) -> None:

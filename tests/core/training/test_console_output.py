@@ -35,9 +35,10 @@ def test_piped_output_has_one_whole_line_per_step_and_the_wall_time(graft_train,
     result = graft_train(tmp_path, *SFT, "trainer.total_steps=3")
     lines = [line for line in result.stdout.splitlines() if line.startswith("step ")]
     assert len(lines) == 3, result.stdout
-    for line in lines:
-        assert re.fullmatch(r"step +\d  loss \S+  gnorm \S+  lr \S+  tok/s \S+  mem_gib \S+", line), \
-            line
+    for step, line in enumerate(lines, 1):
+        eta = r"  eta \d:\d\d:\d\d" if step < 3 else ""  # the time left, until the last step
+        assert re.fullmatch(rf"step {step}/3  loss \S+  gnorm \S+  lr \S+  tok/s \S+  mem_gib \S+{eta}",
+                            line), line
     wall, steps = (summary_value(result.stdout, "wall time (s)"),
                    summary_value(result.stdout, "step time (s)"))
     assert wall >= steps > 0
@@ -146,7 +147,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_the_next_run_starts_over(live_g
                                                                           tmp_path: Path) -> None:
     run = live_graft(["train", f"trainer.run_dir={tmp_path / 'run'}", *SFT,
                       "trainer.total_steps=100000", "checkpoint.every_steps=0"], cwd=tmp_path)
-    run.wait_for(r"^step +1  ")  # training is under way: the run said so
+    run.wait_for(r"^step +1/")  # training is under way: the run said so
     run.interrupt()  # Ctrl-C
     assert run.finish() == 130, run.output[-2000:]
     assert ("graft: interrupted; no checkpoint to resume from yet: the next run starts over"

@@ -126,3 +126,18 @@ def prune(run_dir: Path, keep_last: int) -> list[Path]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def removable_before_save(run_dir: Path, step: int, keep_last: int) -> list[Path]:
+    """What `prune` would delete once a checkpoint of ``step`` is published and what may go
+    before it is written: stale temporary folders, and the checkpoints outside the newest
+    ``keep_last`` (counting the new one), except the one ``latest`` names now (kept until the
+    new one is published, so a failed save leaves it)."""
+    root = checkpoints_dir(run_dir)
+    stale = [p for p in root.glob(f"{TMP_PREFIX}*") if p.is_dir()] if root.is_dir() else []
+    if keep_last <= 0:
+        return stale
+    existing = complete_checkpoints(run_dir)
+    kept = sorted({step_of(p) for p in existing} | {step})[-keep_last:]
+    latest = read_latest(run_dir)
+    return stale + [p for p in existing if step_of(p) not in kept and p != latest]

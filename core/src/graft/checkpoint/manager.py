@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 import uuid
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from graft._version import __version__
-from graft.checkpoint import layout
+from graft.checkpoint import layout, space
 from graft.checkpoint.context import LoadContext
 from graft.checkpoint.manifest import build_manifest, verify_files, write_manifest
 from graft.checkpoint.reader import resolve_checkpoint
@@ -44,9 +46,22 @@ logger = logging.getLogger("graft.checkpoint")
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def _reported(action: str) -> AbstractContextManager[None]:
+def _reported(action: str, run_dir: Path) -> AbstractContextManager[None]:
     """`dcp_failures` for this manager's saves and loads, which never move checkpoints/latest."""
-    return dcp_failures(action, note="The checkpoint named by checkpoints/latest is untouched.")
+    return dcp_failures(action, note=untouched_note(run_dir))
+
+
+def untouched_note(run_dir: Path) -> str:
+    """What a failed save or load left of the run's checkpoints (read now: saves move
+    checkpoints/latest only once they are complete)."""
+    latest = layout.read_latest(run_dir)
+    if latest is None:
+        return "No checkpoint was published: this run has none to resume from yet."
+    return f"The last checkpoint, {latest} (named by checkpoints/latest), is untouched."
+
+
+ADVICE = ("free disk space, keep fewer checkpoints (checkpoint.keep_last), or set "
+          "trainer.run_dir to a folder on a larger disk")
 
 
 def _barrier() -> None:
@@ -61,7 +76,7 @@ class CheckpointManager:
         self.run_dir = run_dir
         self.cfg = cfg
         self.env = env
-        self._pending: tuple[Any, Path, int] | None = None
+        self._pending: tuple[Any, Path, int, int] | None = None  # future, folder, step, bytes
         # Background saves coordinate over gloo, never over NCCL from a side thread.
         self._async_group = (dist.new_group(backend="gloo")
                              if cfg.async_save and env.device.type == "cuda" else None)
@@ -73,32 +88,88 @@ class CheckpointManager:
 
     def save(self, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              trainer_state: dict[str, Any], config_yaml: str) -> None:
-        """Write a checkpoint of ``step``; published atomically once every rank's shards exist."""
+        """Write a checkpoint of ``step``; published atomically once every rank's shards exist.
+
+        Refused before anything is written (`CheckpointError`) when the disk cannot hold it even
+        after the pruning ``keep_last`` does; a save that fails leaves no partial folder."""
         self.wait()
-        tmp = self._make_tmp_dir(step)
         model_state, optim_state = get_state_dict(model, optimizer, options=OPTIONS)
-        self._write_side_files(tmp, step, trainer_state, config_yaml)
         state = {"model": model_state, "optim": optim_state}
-        writer = dcp.FileSystemWriter(str(tmp))
-        with _reported(f"saving checkpoint step_{step} into {tmp}"):
+        needed = space.state_bytes(state) + space.OVERHEAD_BYTES + len(config_yaml.encode())
+        self._make_room(step, needed)
+        tmp = self._make_tmp_dir(step)
+        with self._save_failures(step, tmp, needed):
+            self._write_side_files(tmp, step, trainer_state, config_yaml)
+            writer = dcp.FileSystemWriter(str(tmp))
             if self.cfg.async_save:
                 future = dcp.async_save(state, storage_writer=writer,
                                         process_group=self._async_group)
-                self._pending = (future, tmp, step)
+                self._pending = (future, tmp, step, needed)
             else:
                 dcp.save(state, storage_writer=writer)
-        if not self.cfg.async_save:
-            self._publish(tmp, step)
+                self._publish(tmp, step)
 
     def wait(self) -> None:
         """Finish (and publish) an asynchronous save still in flight."""
         if self._pending is None:
             return
-        future, tmp, step = self._pending
+        future, tmp, step, needed = self._pending
         self._pending = None
-        with _reported(f"saving checkpoint step_{step} into {tmp}"):
+        with self._save_failures(step, tmp, needed):
             future.result()
-        self._publish(tmp, step)
+            self._publish(tmp, step)
+
+    def _make_room(self, step: int, needed: int) -> None:
+        """Rank 0 checks that ``needed`` bytes fit next to the run's checkpoints, removing
+        early what pruning would remove after the save when that makes them fit; every rank
+        raises the same `CheckpointError` when they cannot."""
+        problem = self._room_problem(step, needed) if self.env.is_main else None
+        problem = broadcast_object(problem)
+        if problem is not None:
+            raise CheckpointError(problem)
+
+    def _room_problem(self, step: int, needed: int) -> str | None:
+        root = layout.checkpoints_dir(self.run_dir)
+        free = space.free_bytes(root)
+        logger.info("saving checkpoint step_%d (about %s; %s free in %s)", step,
+                    space.human(needed), space.human(free), root)
+        if free >= needed:
+            return None
+        removable = layout.removable_before_save(self.run_dir, step, self.cfg.keep_last)
+        reclaim = sum(space.folder_bytes(path) for path in removable)
+        if free + reclaim < needed:
+            freed = (f", {space.human(reclaim)} more once pruning (checkpoint.keep_last="
+                     f"{self.cfg.keep_last}) removes {', '.join(p.name for p in removable)}"
+                     if removable else "")
+            return (f"not enough disk space for checkpoint step_{step} in {root}: it needs about "
+                    f"{space.human(needed)}, {space.human(free)} are free{freed}; nothing was "
+                    f"written. {untouched_note(self.run_dir)} To go on, {ADVICE}")
+        for path in removable:
+            logger.info("removing %s now rather than after the save, to make room "
+                        "(checkpoint.keep_last=%d)", path, self.cfg.keep_last)
+            shutil.rmtree(path, ignore_errors=True)
+        return None
+
+    @contextmanager
+    def _save_failures(self, step: int, tmp: Path, needed: int) -> Iterator[None]:
+        """Around writing and publishing ``tmp``: on failure the partial folder is removed and
+        a full disk is reported as one, with the free space (DCP says ``unexpected pos``)."""
+        root = layout.checkpoints_dir(self.run_dir)
+        action = f"saving checkpoint step_{step} in {root}"
+        try:
+            with _reported(action, self.run_dir):
+                yield
+        except BaseException as exc:
+            full = isinstance(exc, CheckpointError) and space.ran_out_of_space(exc, tmp)
+            if self.env.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if not full:
+                raise
+            raise CheckpointError(
+                f"{action} failed: no space left on device ({space.human(space.free_bytes(root))}"
+                f" free there without the partial checkpoint, which was removed; the checkpoint "
+                f"needs about {space.human(needed)}). {untouched_note(self.run_dir)} To go on, "
+                f"{ADVICE}") from exc
 
     def _make_tmp_dir(self, step: int) -> Path:
         name = broadcast_object(f"{layout.TMP_PREFIX}step_{step}-{uuid.uuid4().hex[:8]}")
@@ -123,9 +194,13 @@ class CheckpointManager:
         entries = build_manifest(tmp, rank=self.env.rank, world=self.env.world_size)
         if self.env.is_main:
             write_manifest(tmp, entries)
-            layout.publish(tmp, layout.step_dir(self.run_dir, step))
+            final = layout.step_dir(self.run_dir, step)
+            layout.publish(tmp, final)
             layout.prune(self.run_dir, self.cfg.keep_last)
-            logger.info("saved checkpoint %s", layout.step_dir(self.run_dir, step))
+            logger.info("checkpoint step_%d takes %s; %s left free in %s", step,
+                        space.human(space.folder_bytes(final)),
+                        space.human(space.free_bytes(final)), final.parent)
+            logger.info("saved checkpoint %s", final)
         _barrier()
 
     def resume_path(self) -> Path | None:
@@ -162,7 +237,7 @@ class CheckpointManager:
         to_read = {section: {k: v for k, v in entries.items()
                              if f"{section}.{k}" not in ctx.keep_fresh}
                    for section, entries in state.items()}
-        with _reported(f"loading checkpoint {path}"):
+        with _reported(f"loading checkpoint {path}", self.run_dir):
             dcp.load(to_read, storage_reader=SafeFileSystemReader(str(path)),
                      planner=SafeLoadPlanner())
         for section, entries in to_read.items():

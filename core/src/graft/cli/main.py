@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Sequence
 
 from graft._version import __version__
-from graft.cli import ckpt_cmd, config_cmd, export_cmd, plugins_cmd, train_cmd
+from graft.cli import STARTED, ckpt_cmd, config_cmd, export_cmd, plugins_cmd, train_cmd
 from graft.cli.common import add_global_plugin_option, collect_overrides
 from graft.errors import GraftError
 
@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the process exit code (2 for user errors)."""
+    from graft.training.timing import mark_command_start
+
+    mark_command_start(STARTED)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is None and not extra:

@@ -47,10 +47,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plugin_warnings(manager: GraftPluginManager) -> dict[str, list[str]]:
-    """Plugin name -> what is wrong in how a loaded plugin is written."""
+    """Plugin name -> what is wrong in how a loaded plugin is written or installed (a
+    dependency at a version it does not declare)."""
     from graft.losses.registry import undeclared_aggregators
 
-    return {name: [UNDECLARED_AGGREGATOR] for name in undeclared_aggregators(manager)}
+    found = {name: list(record.warnings) for name, record in manager.records.items()
+             if record.warnings}
+    for name in undeclared_aggregators(manager):
+        found.setdefault(name, []).append(UNDECLARED_AGGREGATOR)
+    return found
 
 
 def plugin_table(records: list[PluginRecord], warnings: dict[str, list[str]], *,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +38,21 @@ def compose(overrides: Sequence[str] = (), config_files: Sequence[str | Path] = 
     manager = manager or get_plugin_manager()
     schema, cfg = schema_config(manager)
     hint = plugin_hint(manager)
+    user_keys: set[str] = set()  # what the files and overrides set, as opposed to the defaults
     for item in config_files:
-        apply_yaml_file(cfg, schema, resolve_config_file(item, manager), plugin_hint=hint)
-    apply_overrides(cfg, schema, overrides, plugin_hint=hint)
-    return to_validated_object(cfg, manager)
+        apply_yaml_file(cfg, schema, resolve_config_file(item, manager), plugin_hint=hint,
+                        set_keys=user_keys)
+    apply_overrides(cfg, schema, overrides, plugin_hint=hint, set_keys=user_keys)
+    return to_validated_object(cfg, manager, user_keys=user_keys)
 
 
-def to_validated_object(cfg: DictConfig, manager: GraftPluginManager) -> Any:
+def to_validated_object(cfg: DictConfig, manager: GraftPluginManager, *,
+                        user_keys: Collection[str] = ()) -> Any:
     """Turn a composed DictConfig into dataclasses; check every `choice` field and every
-    `bounded` field's range, then the rules that tie fields together (`graft.config.validate`)."""
-    from graft.config.validate import validate_config
+    `bounded` field's range; fit the defaults of keys not in ``user_keys`` (the dotted keys the
+    user set) to the other settings, then check the rules that tie fields together
+    (`graft.config.validate`)."""
+    from graft.config.validate import adjust_defaults, validate_config
 
     try:
         obj = OmegaConf.to_object(cfg)
@@ -57,6 +62,7 @@ def to_validated_object(cfg: DictConfig, manager: GraftPluginManager) -> Any:
         raise ConfigError(f"invalid config: {exc}") from exc
     check_choices(obj, manager)
     check_ranges(obj)
+    adjust_defaults(obj, manager, user_keys)
     validate_config(obj, manager)
     return obj
 

@@ -61,7 +61,13 @@ class DataConfig:
     # The prompt: text (tokenized as it is), or chat messages [{"role", "content"}, ...]
     # rendered with the chat template and its generation prompt.
     prompt_key: str = "prompt"
-    response_key: str = "response"
+    # SFT's target after the prompt: auto = completion (TRL) or response (ours); text, or with a
+    # chat prompt chat messages (TRL's conversational prompt-completion: assistant turns trained).
+    response_key: str = "auto"
+    # SFT, a record without prompt_key: a conversation under messages_key (TRL's conversational
+    # layout; the loss covers its assistant turns), else text under text_key (every token).
+    messages_key: str = "messages"
+    text_key: str = "text"
     # Reference answer for rule-based rewards (RL). auto = the first present of
     # reward_model.ground_truth (verl), solution, answer (TRL), response; null = none.
     answer_key: str | None = "auto"
@@ -99,14 +105,20 @@ class TrainerConfig:
     # rollout.prompts_per_step x rollout.n).
     global_batch_size: int = bounded(16, ge=1)
     log_every_steps: int = bounded(1, ge=1)
-    # Also write TensorBoard events when tensorboard is installed.
+    # Also write TensorBoard events to <run_dir>/tensorboard (needs `pip install tensorboard`;
+    # without it the run is refused).
     tensorboard: bool = False
     # RL: generate on the held-out set (data.val_path; without it nothing runs) before the first
     # step, every this many steps and after the last, as the val section says; val/* metrics.
+    # SFT: the held-out set's loss at the same steps (val/loss).
     val_every_steps: int = bounded(10, ge=0, note="0: never")
     # RL: prompts per step (and per validation) written to <run_dir>/samples.jsonl with their
     # rendered prompt, response, reward and ground truth.
     log_samples: int = bounded(2, ge=0, note="0: no samples.jsonl")
+    # RL: which responses of each logged prompt get a line: first (the prompt's first response,
+    # with every response's reward in group_rewards), or all (rollout.n lines per prompt, val.n
+    # per held-out prompt, each with its response_index).
+    log_sample_responses: str = choice("first", ("first", "all"))
     # RL: show one of those samples on the console every this many steps.
     print_sample_every_steps: int = bounded(50, ge=0, note="0: never")
 
@@ -197,7 +209,8 @@ class LossConfig:
     # The ratio is clipped to [1 - clip_ratio_low, 1 + clip_ratio_high].
     clip_ratio_low: float = bounded(0.2, ge=0.0, lt=1.0)
     clip_ratio_high: float = bounded(0.28, ge=0.0)
-    # Dual-clip constant c (> 1) for negative advantages; null disables dual clip.
+    # Dual-clip constant c (> 1) for negative advantages; null disables dual clip (the default
+    # with policy_loss=gspo, which has none; setting it there is an error).
     clip_ratio_c: float | None = bounded(3.0, gt=1.0, note="c <= 1 would zero the gradient of "
                                          "negative-advantage tokens; null turns dual clip off")
     # GSPO (policy_loss=gspo): rollout importance weights min(exp(old - rollout), cap) per token,
@@ -288,7 +301,8 @@ class RolloutConfig:
     # rollout.engine=embedded and a model of full causal attention (a ConfigError names what
     # cannot be served); turns decode_fuse_kernels off. Costs: README.md, bench/README.md.
     exact: bool = False
-    # vLLM only: fraction of GPU memory for weights and KV cache; context length.
+    # vLLM only: fraction of GPU memory for weights and KV cache; context length (at most the
+    # model's max_position_embeddings; the default is lowered to it).
     gpu_memory_utilization: float = bounded(0.3, gt=0.0, le=1.0)
     max_model_len: int = bounded(1024, ge=1)
     # Multi-turn episodes with an environment plugin's tools (graft_environments; graft
@@ -300,6 +314,10 @@ class RolloutConfig:
     max_turns: int = bounded(4, ge=1)
     max_episode_tokens: int = bounded(256, ge=1)
     env_timeout_s: float = bounded(10.0, gt=0.0)
+    # With an environment: stop the run (exit 2) after this many training steps in a row whose
+    # every episode ended in an environment error (each such step is a warning;
+    # rollout/env_error_fraction is the share per step).
+    max_failed_env_steps: int = bounded(3, ge=0, note="0: never stop")
 
 
 @dataclass
@@ -317,6 +335,10 @@ class AlgorithmConfig:
     reward_pool: str = choice("auto", ("auto", "thread", "process"))
     # Seconds one sample's reward may take; past it the sample scores 0 (reward_timeouts).
     reward_timeout_s: float = bounded(10.0, gt=0.0)
+    # A reward that raises, returns no finite number (NaN, inf, a string) or ends its worker
+    # process: stop = the run stops naming the reward and the sample; zero = the sample scores
+    # 0 and is counted (reward_errors).
+    reward_errors: str = choice("stop", ("stop", "zero"))
     # grpo, rloo, or a plugin's estimator.
     advantage: str = choice("grpo", registry="advantage_estimators")
     # GRPO: divide by the group's reward std (false = Dr. GRPO).
@@ -343,7 +365,7 @@ class ValConfig:
     top_p: float = bounded(1.0, gt=0.0, le=1.0)
     # Token cap of a response; null = rollout.max_new_tokens.
     max_new_tokens: int | None = bounded(None, ge=1)
-    # Only the first this many held-out prompts; null = all of them.
+    # Only the first this many held-out prompts (SFT: samples); null = all of them.
     max_prompts: int | None = bounded(None, ge=1)
 
 

@@ -20,8 +20,10 @@ from graft.errors import ConfigError
 COMMAND_LINE = "the command line"
 
 
-def apply_yaml_file(cfg: DictConfig, schema: type, path: Path, *, plugin_hint: str = "") -> None:
-    """Merge the YAML file ``path`` into ``cfg`` after checking every key it contains."""
+def apply_yaml_file(cfg: DictConfig, schema: type, path: Path, *, plugin_hint: str = "",
+                    set_keys: set[str] | None = None) -> None:
+    """Merge the YAML file ``path`` into ``cfg`` after checking every key it contains; add the
+    dotted keys it sets (leaves) to ``set_keys``."""
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     text = path.read_text()
@@ -42,6 +44,18 @@ def apply_yaml_file(cfg: DictConfig, schema: type, path: Path, *, plugin_hint: s
 
     _check_mapping(cfg, data, "", source, plugin_hint)
     _merge(cfg, schema, OmegaConf.create(data), source)
+    if set_keys is not None:
+        set_keys.update(leaf_keys(data))
+
+
+def leaf_keys(value: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of the leaves of ``value`` under ``prefix`` (``{"a": {"b": 1}}`` ->
+    ``["a.b"]``): the keys a YAML file or an override gives a value, unlike those it leaves at
+    their default."""
+    if isinstance(value, dict) and value:
+        return [key for name, item in value.items()
+                for key in leaf_keys(item, f"{prefix}.{name}" if prefix else str(name))]
+    return [prefix] if prefix else []
 
 
 def _check_mapping(cfg: DictConfig, data: dict[Any, Any], prefix: str,
@@ -68,8 +82,9 @@ def _merge(cfg: DictConfig, schema: type, update: DictConfig,
 
 
 def apply_overrides(cfg: DictConfig, schema: type, overrides: Sequence[str], *,
-                    plugin_hint: str = "") -> None:
-    """Apply Hydra-style overrides (``a.b=1``, ``+a.b=1``, ``++a.b=1``, ``~a.b``) to ``cfg``.
+                    plugin_hint: str = "", set_keys: set[str] | None = None) -> None:
+    """Apply Hydra-style overrides (``a.b=1``, ``+a.b=1``, ``++a.b=1``, ``~a.b``) to ``cfg``;
+    add the dotted keys they set to ``set_keys``.
 
     ``+`` does not let a key into a dataclass section (unlike plain Hydra): unknown keys are an
     error whatever the prefix. New keys are welcome only inside open mappings
@@ -95,6 +110,8 @@ def apply_overrides(cfg: DictConfig, schema: type, overrides: Sequence[str], *,
             _delete(cfg, key, in_open_mapping)
             continue
         _set(cfg, schema, key, override.value(), in_open_mapping)
+        if set_keys is not None:
+            set_keys.update(leaf_keys(override.value(), key))
 
 
 def _set(cfg: DictConfig, schema: type, key: str, value: Any, in_open_mapping: bool) -> None:

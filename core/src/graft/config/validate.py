@@ -2,15 +2,71 @@
 
 Each rule is a small function named for what it forbids; a value that would silently train
 wrong (zero advantages, zero gradients) is an error here rather than a surprise later.
+
+A default never conflicts with another setting: before the rules run, `adjust_defaults` moves a
+default the user did not set to the value the rest of the config needs (and says so where it is
+not obvious); only a value the user set can break a rule.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Collection
 from typing import Any
 
 from graft.errors import ConfigError
 from graft.plugins import GraftPluginManager
+
+logger = logging.getLogger("graft.config")
+
+
+def was_set(key: str, user_keys: Collection[str]) -> bool:
+    """True when the user gave ``key`` (dotted) a value in a config file or an override, itself
+    or through a section above it; False when it holds the schema's default."""
+    return key in user_keys or any(key.startswith(f"{k}.") for k in user_keys)
+
+
+def gspo_default_has_no_dual_clip(cfg: Any, manager: GraftPluginManager,
+                                  user_keys: Collection[str]) -> None:
+    """``loss.policy_loss=gspo`` turns the default ``loss.clip_ratio_c`` off (GSPO has no dual
+    clip); a value the user set stays and `gspo_has_no_dual_clip` refuses it."""
+    if cfg.loss.policy_loss == "gspo" and not was_set("loss.clip_ratio_c", user_keys):
+        cfg.loss.clip_ratio_c = None
+
+
+def vllm_context_fits_the_model(cfg: Any, manager: GraftPluginManager,
+                                user_keys: Collection[str]) -> None:
+    """``rollout.max_model_len`` above the model's ``max_position_embeddings`` (vLLM refuses to
+    start): the default is lowered to the model's limit, with a message; a value the user set is
+    a `ConfigError` naming both numbers."""
+    if cfg.trainer.mode != "rl" or cfg.rollout.engine != "vllm":
+        return
+    if cfg.model.path and _local_model_type(cfg.model.path) is None:
+        return  # not on this machine: VLLMRollout checks it when the model is loaded
+    from graft.inference.vllm_engine import context_length_problem
+    from graft.models.build import resolve_config
+
+    config, _ = resolve_config(cfg.model, manager)
+    problem = context_length_problem(cfg.rollout.max_model_len, config)
+    if problem is None:
+        return
+    if was_set("rollout.max_model_len", user_keys):
+        raise ConfigError(problem)
+    limit = config.max_position_embeddings
+    logger.info("rollout.max_model_len: the default %d is above the model's "
+                "max_position_embeddings; using %d", cfg.rollout.max_model_len, limit)
+    cfg.rollout.max_model_len = limit
+
+
+DEFAULTS: tuple[Callable[[Any, GraftPluginManager, Collection[str]], None], ...] = (
+    gspo_default_has_no_dual_clip, vllm_context_fits_the_model)
+
+
+def adjust_defaults(cfg: Any, manager: GraftPluginManager, user_keys: Collection[str]) -> None:
+    """Fit the defaults the user left (every key not in ``user_keys``, dotted) to the settings
+    around them, in place, before `validate_config` checks the rules."""
+    for adjust in DEFAULTS:
+        adjust(cfg, manager, user_keys)
 
 
 def group_estimator_needs_groups(cfg: Any, manager: GraftPluginManager) -> None:
@@ -64,7 +120,8 @@ def _local_model_type(path: str) -> str | None:
 
 
 def gspo_has_no_dual_clip(cfg: Any, manager: GraftPluginManager) -> None:
-    """``loss.clip_ratio_c`` with ``loss.policy_loss=gspo`` would be silently ignored."""
+    """``loss.clip_ratio_c`` set with ``loss.policy_loss=gspo`` would be silently ignored (the
+    default is turned off by `gspo_default_has_no_dual_clip`)."""
     from graft.losses.gspo import check_gspo_config
 
     check_gspo_config(cfg)

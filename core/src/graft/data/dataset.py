@@ -1,9 +1,10 @@
 """From ``cfg.data`` to token samples: synthetic tasks or files, tokenized with length checks.
 
 `load_prompts` (training, RL) and `load_validation_prompts` (``data.val_path``) give the
-samples and their prompt ids; `tokenize_sft` gives SFT's prompt + response ids. Prompts longer
-than ``data.max_prompt_tokens`` are an error, or with ``data.overlong_prompts=skip`` dropped
-(counted and logged; nothing left is an error).
+samples and their prompt ids; `tokenize_sft` gives SFT's prompt + response ids (for chat
+completions, the conversation's ids with its assistant turns marked:
+`graft.data.conversations`). Prompts longer than ``data.max_prompt_tokens`` are an error, or
+with ``data.overlong_prompts=skip`` dropped (counted and logged; nothing left is an error).
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import torch
+
+from graft.data.conversations import ConversationEncoder
 from graft.data.files import read_records, training_file
 from graft.data.prompts import PromptEncoder
-from graft.data.records import records_to_samples
+from graft.data.records import records_to_samples, sft_records_to_samples
 from graft.data.tasks import TASKS, TextSample, generate_samples
 from graft.engine.micro_batch import TokenSample
 from graft.errors import ConfigError, DataError, did_you_mean
@@ -45,7 +49,9 @@ def load_text_samples(data: DataConfig, *, seed: int, require_response: bool,
     """The dataset's samples: ``data.source`` is a task name, or ``file`` to read ``data.path``.
 
     ``split="val"`` reads ``data.val_path`` with the ``data.val_*`` keys (unset: the training
-    keys). RL (no ``require_response``) needs an answer per record (``data.answer_key``).
+    keys). RL (no ``require_response``) needs an answer per record (``data.answer_key``); SFT
+    (``require_response``) reads TRL's SFT layouts too (`graft.data.records.
+    sft_records_to_samples`).
     """
     if split == VAL:
         if not data.val_path:
@@ -67,6 +73,12 @@ def _file_samples(path: str, data: DataConfig, *, split: str,
     if split == VAL:
         prompt_key = data.val_prompt_key or prompt_key
         answer_key = data.val_answer_key or answer_key
+    if require_response:
+        return sft_records_to_samples(
+            read_records(path, setting=f"{prefix}path"), prompt_key=prompt_key,
+            response_key=data.response_key, messages_key=data.messages_key,
+            text_key=data.text_key, answer_key=answer_key, prompt_setting=f"{prefix}prompt_key",
+            answer_setting=f"{prefix}answer_key")
     return records_to_samples(
         read_records(path, setting=f"{prefix}path"), prompt_key=prompt_key,
         response_key=data.response_key, answer_key=answer_key,
@@ -142,19 +154,32 @@ def _report_skipped(samples: Sequence[TextSample], overlong_at: list[tuple[int, 
 def tokenize_sft(samples: Sequence[TextSample], tokenizer: PreTrainedTokenizerBase, *,
                  max_prompt_tokens: int, max_response_tokens: int, chat_template: str = "auto",
                  overlong_prompts: str = "error") -> list[TokenSample]:
-    """Prompt and response (+ ``eos``) ids; the loss covers the response. Prompts are encoded
-    like RL's (`encode_prompts`: chat template, overlong prompts); a response over
-    ``max_response_tokens`` is a `DataError` naming the sample."""
+    """Prompt and response ids; the loss covers the response. Prompts are encoded like RL's
+    (`encode_prompts`: chat template, overlong prompts). A text response is its ids + ``eos``;
+    a chat completion (messages) is rendered with the prompt through the chat template and
+    only its assistant turns are trained (`graft.data.conversations.ConversationEncoder`).
+    A response over ``max_response_tokens`` (a conversation: everything after the prompt) is a
+    `DataError` naming the sample."""
     prompts = encode_prompts(samples, tokenizer, max_tokens=max_prompt_tokens,
                              chat_template=chat_template, overlong=overlong_prompts)
     position = {id(sample): index for index, sample in enumerate(samples)}
+    conversations: ConversationEncoder | None = None
     out = []
     for sample, prompt in zip(prompts.samples, prompts.ids, strict=True):
-        response = tokenizer(sample.response, add_special_tokens=False)["input_ids"]
-        response = [*response, tokenizer.eos_token_id]
+        label = _label(sample, position[id(sample)])
+        weights = None
+        if isinstance(sample.response, str):
+            response = tokenizer(sample.response, add_special_tokens=False)["input_ids"]
+            response = [*response, tokenizer.eos_token_id]
+        else:
+            conversations = conversations or ConversationEncoder(PromptEncoder(tokenizer,
+                                                                               chat_template))
+            ids, mask = conversations.encode(list(sample.prompt), sample.response,
+                                             context_ids=prompt, origin=label)
+            response = ids[len(prompt):]
+            weights = torch.tensor(mask[len(prompt):], dtype=torch.float32)
         if len(response) > max_response_tokens:
-            raise DataError(f"{_label(sample, position[id(sample)])}: the response has "
-                            f"{len(response)} tokens, more than "
+            raise DataError(f"{label}: the response has {len(response)} tokens, more than "
                             f"data.max_response_tokens={max_response_tokens}")
-        out.append(TokenSample(prompt + response, len(prompt)))
+        out.append(TokenSample(prompt + response, len(prompt), weights))
     return out

@@ -55,7 +55,7 @@ class PromptEncoder:
             return ids if bos is None else [bos, *ids]
         if not self.templated:
             raise DataError(f"{origin}: the prompt is a list of chat messages, but "
-                            f"{self._why_no_template()}; set data.chat_template to a Jinja "
+                            f"{self.why_no_template()}; set data.chat_template to a Jinja "
                             f"file, or give prompts as text")
         try:
             encoded: Any = self.tokenizer.apply_chat_template(
@@ -66,7 +66,9 @@ class PromptEncoder:
                             f"{type(exc).__name__}: {exc}") from exc
         return list(encoded["input_ids"])
 
-    def _why_no_template(self) -> str:
+    def why_no_template(self) -> str:
+        """Why chat messages cannot be templated (for errors): the setting, or a tokenizer
+        without a template."""
         if self.setting == NONE:
             return "data.chat_template=none"
         name = getattr(self.tokenizer, "name_or_path", "") or "the built-in one"

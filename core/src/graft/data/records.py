@@ -1,9 +1,11 @@
 """From dataset records to samples: keys by dotted path, chat prompts checked, the answer found.
 
 Reads our JSONL (``prompt``, ``response``, ``answer``), verl's RL parquet (``prompt`` as chat
-messages, ``reward_model.ground_truth``, ``data_source``, ``extra_info``) and TRL's layout
-(``prompt`` as text or messages, ``solution`` / ``answer``) without conversion. Every error names
-the file and the 1-based line or row of the record.
+messages, ``reward_model.ground_truth``, ``data_source``, ``extra_info``) and TRL's layouts
+(``prompt`` as text or messages, ``solution`` / ``answer``) without conversion. For SFT
+(`sft_records_to_samples`) also TRL's SFT layouts: ``prompt`` + ``completion`` (text, or both
+chat messages), a conversation under ``messages``, or ``text`` alone. Every error names the file
+and the 1-based line or row of the record.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from graft.data.conversations import first_assistant_turn
 from graft.data.files import Record
 from graft.data.tasks import Messages, TextSample
 from graft.errors import DataError
 
 # data.answer_key=auto: the first of these a record has (verl, TRL, ours, then the response).
 AUTO_ANSWER_KEYS = ("reward_model.ground_truth", "solution", "answer", "response")
+# data.response_key=auto: the first of these a record has (TRL's, ours).
+AUTO_RESPONSE_KEYS = ("completion", "response")
 AUTO = "auto"
 # Fields carried with every sample when a record has them (verl's names).
 DATA_SOURCE_KEY, EXTRA_INFO_KEY = "data_source", "extra_info"
@@ -71,6 +76,12 @@ def check_prompt(value: Any, record: Record, key: str) -> str | Messages:
     text ``role`` and ``content``); anything else is a `DataError` naming the record."""
     if isinstance(value, str):
         return value
+    return check_messages(value, record, key)
+
+
+def check_messages(value: Any, record: Record, key: str) -> Messages:
+    """``value`` as a non-empty list of chat messages (each a dict with text ``role`` and
+    ``content``); anything else is a `DataError` naming the record."""
     if isinstance(value, (list, tuple)) and value:
         for position, message in enumerate(value, start=1):
             if not (isinstance(message, dict) and isinstance(message.get("role"), str)
@@ -79,7 +90,9 @@ def check_prompt(value: Any, record: Record, key: str) -> str | Messages:
                                 f"is not a chat message {{'role': text, 'content': text}}: "
                                 f"{_short(message)}")
         return [dict(message) for message in value]
-    raise DataError(f"{record.location}: {key!r} must be text or a list of chat messages "
+    kinds = "a list of chat messages" if isinstance(value, str) else (
+        "text or a list of chat messages")
+    raise DataError(f"{record.location}: {key!r} must be {kinds} "
                     f"[{{'role': ..., 'content': ...}}], got {_short(value)}")
 
 
@@ -120,35 +133,124 @@ def read_answer(record: Record, number: int, key: str | None, *, required: bool,
     return None
 
 
+def read_response(record: Record, number: int, key: str, *, required: bool,
+                  setting: str) -> tuple[str, Any]:
+    """The key and the value of the record's response (or completion) under ``key``; for
+    ``auto`` the first of `AUTO_RESPONSE_KEYS` the record has. The value is `MISSING` when it
+    reads nothing, an error then when ``required``."""
+    keys = AUTO_RESPONSE_KEYS if key == AUTO else (key,)
+    for candidate in keys:
+        if (value := read_key(record.fields, candidate)) is not MISSING:
+            return candidate, value
+    if not required:
+        return key, MISSING
+    if key != AUTO:
+        raise missing_key(record, number, key, setting)
+    raise DataError(f"{record.location}: record {number} has neither of the response keys "
+                    f"{setting}=auto looks for ({', '.join(AUTO_RESPONSE_KEYS)}; it has: "
+                    f"{', '.join(map(str, record.fields))}); set {setting} to the response's "
+                    f"key")
+
+
+def _sample(record: Record, prompt: str | Messages, response: str | Messages,
+            answer: str | None) -> TextSample:
+    """A sample of ``record`` with its ``data_source`` and ``extra_info``."""
+    source = read_key(record.fields, DATA_SOURCE_KEY)
+    extra = read_key(record.fields, EXTRA_INFO_KEY)
+    return TextSample(prompt, response, answer, origin=record.location,
+                      data_source="" if source is MISSING else str(source),
+                      extra_info=extra if isinstance(extra, dict) else None)
+
+
 def records_to_samples(records: Sequence[Record], *, prompt_key: str, response_key: str,
                        answer_key: str | None, require_response: bool,
                        require_answer: bool = False,
                        settings: tuple[str, str, str] = ("data.prompt_key", "data.response_key",
                                                          "data.answer_key")) -> list[TextSample]:
     """One sample per record: the prompt (text or chat messages), the response (when
-    ``require_response``, else "" if absent), the answer (`read_answer`), ``data_source`` and
-    ``extra_info``. ``settings`` are the config keys named in errors for the three keys. Each
-    sample's ``origin`` is its record's location."""
+    ``require_response``, else "" if absent or, under ``auto``, not text), the answer
+    (`read_answer`), ``data_source`` and ``extra_info``. ``settings`` are the config keys named
+    in errors for the three keys. Each sample's ``origin`` is its record's location."""
     prompt_setting, response_setting, answer_setting = settings
     samples = []
     for number, record in enumerate(records, start=1):
         prompt = read_key(record.fields, prompt_key)
         if prompt is MISSING:
             raise missing_key(record, number, prompt_key, prompt_setting)
-        response = read_key(record.fields, response_key)
-        if response is MISSING:
-            if require_response:
-                raise missing_key(record, number, response_key, response_setting)
-            response = ""
+        named, response = read_response(record, number, response_key,
+                                        required=require_response, setting=response_setting)
+        if response is MISSING or (response_key == AUTO and not require_response
+                                   and not isinstance(response, str)):
+            response = ""  # RL reads no completion: TRL's chat completions are left as they are
         elif not isinstance(response, str):
-            raise DataError(f"{record.location}: {response_key!r} must be text, got "
+            raise DataError(f"{record.location}: {named!r} must be text, got "
                             f"{_short(response)}")
         answer = read_answer(record, number, answer_key, required=require_answer,
                              setting=answer_setting)
-        source = read_key(record.fields, DATA_SOURCE_KEY)
-        extra = read_key(record.fields, EXTRA_INFO_KEY)
-        samples.append(TextSample(
-            check_prompt(prompt, record, prompt_key), response, answer, origin=record.location,
-            data_source="" if source is MISSING else str(source),
-            extra_info=extra if isinstance(extra, dict) else None))
+        samples.append(_sample(record, check_prompt(prompt, record, prompt_key), response,
+                               answer))
     return samples
+
+
+def sft_records_to_samples(records: Sequence[Record], *, prompt_key: str, response_key: str,
+                           messages_key: str, text_key: str, answer_key: str | None,
+                           prompt_setting: str = "data.prompt_key",
+                           answer_setting: str = "data.answer_key") -> list[TextSample]:
+    """One SFT sample per record, in the first layout the record has (TRL's, read as they
+    are): ``prompt_key`` with a response (``response_key``; auto: ``completion`` or
+    ``response``), text or, with a chat prompt, chat messages whose assistant turns are
+    trained (the completion's messages before its first assistant turn join the prompt); a
+    conversation under ``messages_key`` (the prompt is its messages before the first
+    assistant turn, the response the rest); text under ``text_key`` (no prompt: every token is
+    trained). None of them is a `DataError` naming the record, its keys and the settings."""
+    samples = []
+    for number, record in enumerate(records, start=1):
+        prompt, response = _sft_parts(record, number, prompt_key=prompt_key,
+                                      response_key=response_key, messages_key=messages_key,
+                                      text_key=text_key, prompt_setting=prompt_setting)
+        answer = read_answer(record, number, answer_key, required=False,
+                             setting=answer_setting)
+        samples.append(_sample(record, prompt, response, answer))
+    return samples
+
+
+def _sft_parts(record: Record, number: int, *, prompt_key: str, response_key: str,
+               messages_key: str, text_key: str, prompt_setting: str
+               ) -> tuple[str | Messages, str | Messages]:
+    """The prompt and the response of one SFT record (`sft_records_to_samples`)."""
+    fields = record.fields
+    if (prompt := read_key(fields, prompt_key)) is not MISSING:
+        prompt = check_prompt(prompt, record, prompt_key)
+        named, response = read_response(record, number, response_key, required=True,
+                                        setting="data.response_key")
+        if isinstance(response, str):
+            return prompt, response
+        completion = check_messages(response, record, named)
+        if isinstance(prompt, str):
+            raise DataError(f"{record.location}: {named!r} is a list of chat messages but "
+                            f"{prompt_key!r} is text; in TRL's conversational prompt-completion "
+                            f"layout both are messages: give the prompt as "
+                            f"[{{'role': 'user', 'content': ...}}]")
+        first = first_assistant_turn(completion)
+        if first is None:
+            raise DataError(f"{record.location}: {named!r} has no assistant message to train "
+                            f"on (SFT on chat data trains the assistant turns)")
+        # Messages before the first trained turn are context: the prompt then ends where the
+        # generation prompt (the assistant's header) follows.
+        return [*prompt, *completion[:first]], completion[first:]
+    if (messages := read_key(fields, messages_key)) is not MISSING:
+        conversation = check_messages(messages, record, messages_key)
+        first = first_assistant_turn(conversation)
+        if first is None:
+            raise DataError(f"{record.location}: {messages_key!r} has no assistant message to "
+                            f"train on (SFT on chat data trains the assistant turns)")
+        return conversation[:first], conversation[first:]
+    if (text := read_key(fields, text_key)) is not MISSING:
+        if not isinstance(text, str):
+            raise DataError(f"{record.location}: {text_key!r} must be text, got {_short(text)}")
+        return "", text
+    raise DataError(f"{record.location}: record {number} has no {prompt_key!r} field "
+                    f"({_keys_at(fields, prompt_key)}), nor {messages_key!r} or {text_key!r}: "
+                    f"SFT reads a prompt with its response, a conversation (TRL's "
+                    f"conversational layout) or text alone (language modeling); set "
+                    f"{prompt_setting}, data.messages_key or data.text_key to the dataset's key")

@@ -60,6 +60,11 @@ class EpochSampler:
                 self.epoch, self.offset = self.epoch + 1, 0
         return batch
 
+    def epochs_done(self) -> float:
+        """How many passes over the dataset the batches so far made: samples drawn over the
+        dataset's size (2.5 after two and a half epochs)."""
+        return self.epoch + self.offset / max(self.num_samples, 1)
+
     def state_dict(self) -> dict[str, int]:
         """The position: epoch and offset within it."""
         return {"epoch": self.epoch, "offset": self.offset}

@@ -20,7 +20,9 @@ class TextSample:
     """One example: the prompt, the reference response, and the answer a reward checks.
 
     ``prompt`` is text (tokenized as it is) or chat messages (`Messages`, rendered with the
-    chat template). ``answer`` is None when the data has none (``data.answer_key=null``).
+    chat template). ``response`` is text, or for SFT on chat data the messages that follow the
+    prompt's (their assistant turns are trained: `graft.data.conversations`).
+    ``answer`` is None when the data has none (``data.answer_key=null``).
     ``origin`` says where it comes from, for error messages: ``"<file>, line <N>"`` (JSONL,
     1-based) or ``"<file>, row <N>"`` (Parquet, 1-based); empty for synthetic tasks.
     ``data_source`` and ``extra_info`` are the record's own fields of those names (verl's
@@ -29,7 +31,7 @@ class TextSample:
     """
 
     prompt: str | Messages
-    response: str
+    response: str | Messages
     answer: str | None
     origin: str = ""
     data_source: str = ""

@@ -45,20 +45,50 @@ def tokenizer_dir(path: str) -> Path:
     return folder
 
 
-def load_tokenizer(path: str | None, model_path: str | None) -> PreTrainedTokenizerBase:
-    """``data.tokenizer`` if set, else the model directory's tokenizer, else the built-in one."""
+# Names of the files a tokenizer is read from (transformers' fast and slow tokenizers).
+TOKENIZER_FILES = ("tokenizer*", "vocab.*", "merges.txt", "*.model", "*.tiktoken")
+FIX = "set data.tokenizer to a local directory with the model's tokenizer files"
+
+
+def tokenizer_source(path: str | None, model_path: str | None) -> Path | None:
+    """The directory the run's tokenizer is read from (``data.tokenizer``, else ``model.path``);
+    `ConfigError` when it holds no tokenizer files. None for the built-in tokenizer. Cheap (no
+    transformers import): ``graft train`` checks it before launching ranks."""
     if path:
-        tokenizer_dir(path)
-    source = path or model_path
-    if source is None:
+        folder, key = tokenizer_dir(path), "data.tokenizer"
+    elif model_path:
+        folder, key = Path(model_path).expanduser(), "model.path"
+    else:
+        return None
+    if folder.is_dir() and not any(next(folder.glob(pattern), None) for pattern in TOKENIZER_FILES):
+        unset = ", and data.tokenizer is unset" if key == "model.path" else ""
+        raise ConfigError(f"{key} {str(folder)!r} has no tokenizer files (tokenizer.json, "
+                          f"tokenizer_config.json, vocab.json...){unset}; {FIX}, e.g. `hf download "
+                          f"MODEL_ID --include 'tokenizer*' 'vocab*' 'merges.txt' --local-dir DIR`")
+    return folder
+
+
+def load_tokenizer(path: str | None, model_path: str | None) -> PreTrainedTokenizerBase:
+    """``data.tokenizer`` if set, else the model directory's tokenizer, else the built-in one.
+
+    `ConfigError` when the directory holds no tokenizer, or one without a single ordinary token
+    (what transformers builds for a model directory without tokenizer files)."""
+    if tokenizer_source(path, model_path) is None:
         return builtin_tokenizer()
     from transformers import AutoTokenizer
 
+    source = path or model_path
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load a tokenizer from {source!r}: {exc}. Set data.tokenizer to "
                           f"a local directory with tokenizer files") from exc
+    count = len(tokenizer)
+    if count <= len(set(tokenizer.all_special_ids)):
+        special = ", ".join(tokenizer.all_special_tokens)
+        raise ConfigError(f"the tokenizer read from {source!r} has {count} token"
+                          f"{'s' if count != 1 else ''}, all special ({special}): it cannot "
+                          f"encode text; {FIX}")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -100,6 +100,8 @@ class TrainEngine:
     cfg: Any
     compute_dtype: torch.dtype
     pad_token_id: int
+    # optimizer steps skipped because the gradient norm was not finite (`optimizer_step`)
+    skipped_updates: int = 0
 
     def micro_batches(self, samples: Sequence[TokenSample], *,
                       extras: Mapping[str, Sequence[torch.Tensor]] | None = None,
@@ -268,11 +270,25 @@ class TrainEngine:
     def optimizer_step(self) -> torch.Tensor:
         """Clip gradients (``optim.max_grad_norm``; 0 = no clipping), step, schedule.
 
-        Returns the gradient norm before clipping as a device tensor (read it after queuing).
+        Returns the gradient norm before clipping as a device tensor. A norm that is not finite
+        (a NaN or inf in the loss or a gradient, on any rank: the norm is global) skips the
+        update as if it had not been: the gradients are dropped, the weights, the optimizer's
+        state and the learning-rate schedule stay as they were, `skipped_updates` counts it
+        and rank 0 says so on the console.
         """
         max_norm = self.cfg.optim.max_grad_norm or float("inf")
         norm = clip_grad_norm(self.model.parameters(), max_norm)
-        self.optimizer.step()
-        self.scheduler.step()
+        # Reading the norm waits for the backward: the optimizer must not see a NaN.
+        if bool(torch.isfinite(norm)):
+            self.optimizer.step()
+            self.scheduler.step()
+        else:
+            self.skipped_updates += 1
+            if self.env.is_main:
+                from graft.training.metrics import console_print
+
+                console_print(f"update skipped: the gradient norm is {float(norm)} (a non-finite "
+                              f"loss or gradient); the weights and the optimizer state are "
+                              f"unchanged ({self.skipped_updates} skipped in this run so far)")
         self.optimizer.zero_grad(set_to_none=True)
         return norm

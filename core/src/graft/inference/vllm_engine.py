@@ -30,6 +30,19 @@ def import_vllm() -> Any:
     return vllm
 
 
+def context_length_problem(max_model_len: int, config: Any) -> str | None:
+    """Why vLLM would refuse ``rollout.max_model_len`` (tokens) for a model of HF ``config``: it
+    is above the model's ``max_position_embeddings``; None when it fits (or the config has no
+    such limit). Checked when the config is composed and again before the engine starts."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if not isinstance(limit, int) or max_model_len <= limit:
+        return None
+    return (f"rollout.max_model_len={max_model_len} is above the model's "
+            f"max_position_embeddings={limit}, and vLLM refuses a context "
+            f"longer than the model's; set rollout.max_model_len={limit} or lower (or leave it "
+            f"unset: Graft then uses at most {limit})")
+
+
 def start_engine(model_dir: Path, *, dtype: str, max_model_len: int, seed: int,
                  gpu_memory_utilization: float = 0.3, in_process: bool = True,
                  **engine_options: Any) -> Any:

@@ -36,6 +36,7 @@ def build_model(model_cfg: ModelConfig, *, seed: int = 0, device: torch.device |
     kwargs = _model_kwargs(model_cfg)
     config, family = resolve_config(model_cfg, manager)
     if model_cfg.path:
+        model_weights(model_cfg.path)
         model = AutoModelForCausalLM.from_pretrained(model_cfg.path, config=config,
                                                      local_files_only=True, **kwargs)
     else:
@@ -93,6 +94,7 @@ def load_pretrained_weights(model: torch.nn.Module, model_cfg: ModelConfig, *,
 
     full: dict[str, Any] = {}
     if is_main:
+        model_weights(model_cfg.path)
         config, _ = resolve_config(model_cfg)
         source = AutoModelForCausalLM.from_pretrained(model_cfg.path, config=config,
                                                       local_files_only=True,
@@ -168,6 +170,38 @@ def model_dir(path: str) -> Path:
         raise ConfigError(f"model.path {path!r} is not a Hugging Face model directory: it has no "
                           f"config.json (expected config.json plus *.safetensors weights)")
     return folder
+
+
+# The weight files ``from_pretrained`` reads, in its order: one file, or an index of shards.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def model_weights(path: str) -> list[Path]:
+    """The weight files of the model directory ``model.path`` (`model_dir`): one of
+    `WEIGHT_FILES`, and for an index every shard it names; `ConfigError` naming what is missing.
+    Cheap (no torch or transformers import): ``graft train`` checks it before launching ranks."""
+    import json
+
+    folder = model_dir(path)
+    found = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
+    if found is None:
+        raise ConfigError(f"model.path {path!r} has config.json but no weights: expected "
+                          f"{' or '.join(WEIGHT_FILES)}. Copy the weight files into it (hf download "
+                          f"MODEL_ID --local-dir {path} fetches config, weights and tokenizer)")
+    if not found.name.endswith(".index.json"):
+        return [found]
+    try:
+        shards = sorted(set(json.loads(found.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"model.path {path!r}: cannot read the shard list of {found}: "
+                          f"{exc}") from exc
+    missing = [name for name in shards if not (folder / name).is_file()]
+    if missing:
+        raise ConfigError(f"model.path {path!r}: {found.name} names {len(shards)} weight files but "
+                          f"{len(missing)} are missing ({', '.join(missing[:3])}"
+                          f"{', ...' if len(missing) > 3 else ''}); copy them into {folder}")
+    return [folder / name for name in shards]
 
 
 def load_local_config(path: str) -> PretrainedConfig:

@@ -1,14 +1,22 @@
-"""Finding plugins: entry points in the group ``graft.plugins`` and the user's selection of them.
+"""Finding plugins: entry points in the group ``graft.plugins``, the user's selection of them, and
+whether what their distributions require is installed.
 
 Nothing here imports a plugin; that happens in `graft.plugins.manager`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import (
+    Distribution,
+    EntryPoint,
+    PackageNotFoundError,
+    entry_points,
+    version,
+)
 
 from graft.errors import PluginError, did_you_mean
 
@@ -90,3 +98,77 @@ def check_names_exist(
                 f"it (installed Graft plugins: {installed}).{did_you_mean(name, known)} "
                 f"Install it (pip install ...) or fix the name."
             )
+
+
+@dataclass(frozen=True)
+class RequirementCheck:
+    """A distribution's declared requirements (its extras aside) that are not installed, and
+    those installed at a version outside the declared range (``name spec (version installed)``)."""
+
+    missing: tuple[str, ...] = ()
+    mismatched: tuple[str, ...] = ()
+
+
+def _canonical(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _requirements(dist: Distribution | None) -> list:
+    """The `packaging` requirements ``dist`` declares for every install (no extra's)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    found = []
+    for text in (dist.requires or []) if dist is not None else []:
+        try:
+            requirement = Requirement(text)
+        except InvalidRequirement:
+            continue
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            found.append(requirement)
+    return found
+
+
+def check_requirements(dist: Distribution | None) -> RequirementCheck:
+    """What ``dist`` requires that this environment lacks (read from the installed metadata, as
+    ``pip check`` does; a requirement without metadata counts as installed when a module of its
+    name imports, as in images that copy packages in without their metadata)."""
+    missing, mismatched = [], []
+    for requirement in _requirements(dist):
+        try:
+            installed = version(requirement.name)
+        except PackageNotFoundError:
+            module = _canonical(requirement.name).replace("-", "_")
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                missing.append(str(requirement))
+            continue
+        if requirement.specifier and not requirement.specifier.contains(installed,
+                                                                         prereleases=True):
+            mismatched.append(f"{requirement} ({installed} installed)")
+    return RequirementCheck(tuple(missing), tuple(mismatched))
+
+
+def missing_message(candidate: Candidate, missing: Sequence[str]) -> str:
+    """The error of a plugin whose distribution requires ``missing``: what and the pip command."""
+    names = ", ".join(missing)
+    command = " ".join(f"'{m}'" for m in missing)
+    return (f"missing dependency: {candidate.distribution} {candidate.version} requires {names}, "
+            f"which {'is' if len(missing) == 1 else 'are'} not installed (installed with "
+            f"--no-deps?); install {'it' if len(missing) == 1 else 'them'}: pip install {command}")
+
+
+def install_hint(module: str) -> str:
+    """How to install the distribution of the top-level ``module``: the requirement a Graft
+    plugin distribution declares for it (``pip install 'math-verify>=0.9'``, the plugin named),
+    else a guess from the module's name."""
+    top = module.split(".")[0]
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        for requirement in _requirements(ep.dist):
+            if _canonical(requirement.name) == _canonical(top):
+                return (f"pip install '{requirement}' (the plugin {ep.name!r}, "
+                        f"{ep.dist.name}, requires it)")
+    return (f"install the distribution that provides {top!r} (pip install {_canonical(top)}, if "
+            f"that is its name)")

@@ -20,7 +20,13 @@ import pluggy
 from graft import hookspecs
 from graft._version import __version__
 from graft.errors import PluginError
-from graft.plugins.discovery import Candidate, check_names_exist, discover_candidates
+from graft.plugins.discovery import (
+    Candidate,
+    check_names_exist,
+    check_requirements,
+    discover_candidates,
+    missing_message,
+)
 from graft.plugins.registry import verify_registry_entries
 from graft.plugins.tracing import TRACE_ENV, install_tracing
 from graft.plugins.validation import verify_plugin
@@ -58,6 +64,8 @@ class PluginRecord:
     hooks: list[str] = field(default_factory=list)
     config_sections: list[str] = field(default_factory=list)
     import_seconds: float = 0.0
+    # what is wrong around a loaded plugin (a dependency at a version it does not declare)
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``graft plugins --json``)."""
@@ -158,12 +166,18 @@ class GraftPluginManager:
 
     def _load_candidate(self, candidate: Candidate, *, explicit: bool) -> None:
         started = time.perf_counter()
+        # A dependency a plugin imports lazily would fail only later, in a reward worker or a
+        # step: its distribution's declared requirements are checked before it loads.
+        requirements = check_requirements(candidate.entry_point.dist)
         try:
+            if requirements.missing:
+                raise _MissingDependency(missing_message(candidate, requirements.missing))
             plugin = candidate.entry_point.load()
             record = self.register(plugin, candidate.name, distribution=candidate.distribution,
                                    version=candidate.version, target=candidate.target)
         except Exception as exc:  # noqa: BLE001 - isolation: any failure of a plugin is recorded
-            error = f"{type(exc).__name__}: {exc}"
+            error = (str(exc) if isinstance(exc, _MissingDependency)
+                     else f"{type(exc).__name__}: {exc}")
             if explicit:
                 raise PluginError(
                     f"the plugin {candidate.name!r} (from {candidate.distribution} "
@@ -173,6 +187,10 @@ class GraftPluginManager:
                            candidate.name, candidate.distribution, candidate.version, error)
             record = _record(candidate, "failed", error=error)
         record.import_seconds = time.perf_counter() - started
+        for mismatch in requirements.mismatched if record.status == "loaded" else ():
+            record.warnings.append(f"{candidate.distribution} requires {mismatch}")
+            logger.warning("plugin %r: %s requires %s", candidate.name, candidate.distribution,
+                           mismatch)
         self.records[candidate.name] = record
 
     def _collect_sections(self, plugin: object, name: str) -> list[ConfigSection]:
@@ -193,6 +211,10 @@ class GraftPluginManager:
                 )
             sections.append(ConfigSection(section_name, schema, name))
         return sections
+
+
+class _MissingDependency(PluginError):
+    """A plugin's distribution requires a distribution that is not installed."""
 
 
 def _record(candidate: Candidate, status: PluginStatus, error: str | None = None) -> PluginRecord:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from graft.errors import PluginError
 from graft.plugins import GraftPluginManager, get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
 from graft.plugins.registry import collect_named
@@ -71,7 +72,25 @@ def advantage_estimators(manager: GraftPluginManager | None = None
 
 def compute_advantages(estimator: AdvantageEstimator, rewards: torch.Tensor, *,
                        group_size: int, cfg: Any) -> torch.Tensor:
-    """One float32 advantage per sample from ``estimator`` (rewards in consecutive groups)."""
+    """One float32 advantage per sample from ``estimator`` (rewards in consecutive groups).
+
+    A reward or an advantage that is not finite is a `PluginError` naming the estimator and
+    the samples (their positions in the step's batch): it must never reach the loss.
+    """
+    _check_finite("reward", rewards, estimator)
     out = call_with_keywords(estimator.compute, rewards=rewards.double(), group_size=group_size,
-                             cfg=cfg)
-    return out.float()
+                             cfg=cfg).float()
+    _check_finite("advantage", out, estimator)
+    return out
+
+
+def _check_finite(what: str, values: torch.Tensor, estimator: AdvantageEstimator) -> None:
+    import torch
+
+    bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
+    if bad:
+        fn = estimator.compute
+        name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+        raise PluginError(f"the {what}s of {len(bad)} of {len(values)} samples of this step are "
+                          f"not finite (sample {bad[0]}: {float(values[bad[0]])}; samples "
+                          f"{bad[:8]}), so no update may use them (advantage estimator {name})")

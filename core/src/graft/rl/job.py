@@ -11,12 +11,14 @@ few of each step's generations to ``samples.jsonl`` (`graft.training.samples`), 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from graft.data.dataset import load_prompts, load_validation_prompts
 from graft.data.sampler import EpochSampler
@@ -36,7 +38,7 @@ from graft.rl.validation import Validator, validation_due
 from graft.rollout.registry import build_episode_runner
 from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
 from graft.training.metrics import console_print
-from graft.training.samples import SampleLog, format_sample, sample_records
+from graft.training.samples import SampleLog, format_sample, sample_records, shown_to_model
 
 MISMATCH = "train_infer_logprob_diff"
 # share of response tokens whose rollout log-prob equals the trainer's bit for bit
@@ -130,6 +132,7 @@ class RLJob:
         episodes = None
         if self.episodes is not None:
             episodes = self.episodes.run(self.rollout, texts, prompts, self.spec)
+            self.episodes.check_failures(episodes)  # a warning; a PluginError after a streak
             samples = episodes.samples
         else:
             samples = self.rollout.generate(prompts, self.spec) if prompts else []
@@ -140,8 +143,8 @@ class RLJob:
         samples = share_within_sp(samples, self.env)
         responses = [self._decode(s) for s in samples]
         rewards = torch.tensor(self._score(responses, texts, episodes), dtype=torch.float64)
-        self._records = self._sample_records("train", texts, [self.prompts[i] for i in local],
-                                             responses, rewards.tolist())
+        self._records = self._sample_records("train", texts, samples, responses,
+                                             rewards.tolist(), group_size=n)
         advantages = compute_advantages(self.estimator, rewards, group_size=n, cfg=self.cfg)
         started = time.perf_counter()
         batches = self._micro_batches(engine, samples, advantages)
@@ -175,8 +178,9 @@ class RLJob:
             result = self.validator.run(self.rollout, score=self.rewards.score,
                                         decode=self._decode, step=step, episodes=self.episodes)
             metrics = result.metrics
-            records = records + self._sample_records("val", result.samples, result.prompt_ids,
-                                                     result.responses, result.rewards)
+            records = records + self._sample_records("val", result.samples, result.generated,
+                                                     result.responses, result.rewards,
+                                                     group_size=self.cfg.val.n)
             if self.env.is_main:
                 console_print(f"validation (step {step}): " + "  ".join(
                     f"{key.removeprefix('val/')} {value:.4g}" for key, value in metrics.items()))
@@ -186,17 +190,19 @@ class RLJob:
             console_print(format_sample(step, records[0]))
         return metrics
 
-    def _sample_records(self, split: str, samples: Sequence[Any], prompt_ids: list[list[int]],
-                        responses: list[str], rewards: list[float]) -> list[dict[str, Any]]:
-        """The first ``trainer.log_samples`` prompts' records (rank 0; none elsewhere)."""
+    def _sample_records(self, split: str, samples: Sequence[Any],
+                        generated: Sequence[RolloutSample], responses: list[str],
+                        rewards: list[float], *, group_size: int) -> list[dict[str, Any]]:
+        """The first ``trainer.log_samples`` prompts' records (rank 0; none elsewhere), each
+        with the prompt the model saw (``generated``: an environment's ``reset`` included) and
+        one or every response (``trainer.log_sample_responses``)."""
         count = self.cfg.trainer.log_samples
         if not self.env.is_main or count == 0:
             return []
-        n = len(samples) // max(len(prompt_ids), 1)
-        rendered = [self.tokenizer.decode(ids, skip_special_tokens=False)
-                    for ids in prompt_ids[:count]]
-        return sample_records(split, samples, rendered, responses, rewards, group_size=n,
-                              count=count)
+        shown = [shown_to_model(s, self.tokenizer) for s in generated[:count * group_size]]
+        return sample_records(split, samples, shown, responses, rewards, group_size=group_size,
+                              count=count,
+                              every_response=self.cfg.trainer.log_sample_responses == "all")
 
     def _decode(self, sample: RolloutSample) -> str:
         return self.tokenizer.decode(sample.response_ids, skip_special_tokens=True)
@@ -265,12 +271,13 @@ class RLJob:
 
     def _update(self, engine: TrainEngine, batches: list[MicroBatch], *,
                 on_policy: bool) -> dict[str, float]:
-        """``ppo_epochs`` passes, ``mini_batches`` optimizer steps each; metrics averaged."""
+        """``ppo_epochs`` passes, ``mini_batches`` optimizer steps each; metrics averaged
+        (``skipped_updates``: the optimizer steps skipped for a non-finite gradient norm)."""
         algorithm = self.cfg.algorithm
         groups = max(1, min(algorithm.mini_batches, len(batches)))
         loss_fn = rl_loss(self.cfg, on_policy=on_policy)
         scale = loss_scale_factor(self.cfg)
-        results, norms = [], []
+        results, norms, skipped = [], [], engine.skipped_updates
         for _ in range(algorithm.ppo_epochs):
             for group in range(groups):
                 chunk = batches[group::groups]
@@ -280,24 +287,53 @@ class RLJob:
                 results.append(pending.result())
         tokens = sum(r.tokens for r in results[:groups])  # one pass over the rollout batch
         metrics = {"loss": sum(r.loss for r in results) / len(results),
-                   "grad_norm": sum(float(n) for n in norms) / len(norms), "tokens": tokens}
+                   "grad_norm": sum(float(n) for n in norms) / len(norms), "tokens": tokens,
+                   "skipped_updates": float(engine.skipped_updates - skipped)}
         for name in results[0].metrics:
             metrics[name] = sum(r.metrics[name] for r in results) / len(results)
         return metrics
 
     def _rollout_metrics(self, samples: Sequence[RolloutSample], rewards: torch.Tensor,
                          rollout_s: float, update_s: float) -> dict[str, float]:
-        lengths = sum(len(s.response_ids) for s in samples)
+        """The step's rewards, lengths (tokens; a response's counts its environment tokens)
+        and timings over all data-parallel ranks; ``response_truncated_fraction`` is the share
+        of responses cut at ``rollout.max_new_tokens`` (their last model turn: no ``eos``)."""
+        lengths = [len(s.response_ids) for s in samples]
         stats = all_reduce(torch.tensor(
             [float(rewards.sum()), float(rewards.square().sum()), float(len(samples)),
-             float(lengths)], dtype=torch.float64, device=self.env.device),
+             float(sum(lengths)), float(sum(len(s.prompt_ids) for s in samples)),
+             float(sum(self._truncated(s) for s in samples))],
+            dtype=torch.float64, device=self.env.device), group=self.env.dp_group)
+        # max of the lengths and of their negatives: the longest and the shortest response
+        extremes = all_reduce(torch.tensor(
+            [max(lengths, default=-math.inf), -min(lengths, default=math.inf)],
+            dtype=torch.float64, device=self.env.device), op=dist.ReduceOp.MAX,
             group=self.env.dp_group)
-        total, squares, count, generated = (float(v) for v in stats)
-        mean = total / max(count, 1.0)
+        total, squares, count, generated, prompted, truncated = (float(v) for v in stats)
+        count = max(count, 1.0)
+        mean = total / count
+        longest, shortest = (float(v) if math.isfinite(v) else 0.0
+                             for v in (extremes[0], -extremes[1]))
         return {"reward_mean": mean,
-                "reward_std": max(squares / max(count, 1.0) - mean * mean, 0.0) ** 0.5,
-                "response_length": generated / max(count, 1.0), "rollout_s": rollout_s,
+                "reward_std": max(squares / count - mean * mean, 0.0) ** 0.5,
+                "response_length": generated / count, "response_length_max": longest,
+                "response_length_min": shortest, "response_truncated_fraction": truncated / count,
+                "prompt_length": prompted / count, "rollout_s": rollout_s,
                 "update_s": update_s, "rollout_tokens_per_s": generated / max(rollout_s, 1e-9)}
+
+    def _truncated(self, sample: RolloutSample) -> bool:
+        """Whether the response's last model turn (all of a single-turn response) ran to
+        ``rollout.max_new_tokens`` without ``eos``."""
+        turn = sample.response_ids
+        if sample.loss_mask is not None:  # an episode: its last run of model tokens
+            model = sample.loss_mask.tolist()
+            end = max((i + 1 for i, m in enumerate(model) if m), default=0)
+            start = end
+            while start > 0 and model[start - 1]:
+                start -= 1
+            turn = turn[start:end]
+        return (len(turn) >= self.spec.max_new_tokens
+                and turn[-1] != self.tokenizer.eos_token_id)
 
     def state_dict(self) -> dict[str, Any]:
         """The prompt position (for checkpoints)."""

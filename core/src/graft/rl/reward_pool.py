@@ -8,185 +8,87 @@ open at exit) and a new thread takes its place; a process is killed and replaced
 fresh Python interpreters (no fork of a process that holds CUDA or gloo state) and run each
 reward in their main thread, where signal-based timeouts such as math-verify's work; threads do
 not allow those.
+
+A sample whose reward raises, returns no finite number, or kills its worker process is a
+`RewardFailure` in the batch's result (it scores 0 there; `graft.rl.rewards.RewardScorer`
+decides, by ``algorithm.reward_errors``, whether the run goes on). A worker that cannot start
+(a module the reward needs is missing) stops the batch with a `PluginError` naming the module
+and the pip command; Graft's own errors (a sample without a ground truth) stop it as they are.
 """
 
 from __future__ import annotations
 
-import importlib
-import pickle
 import queue
-import threading
 import time
-import traceback
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from graft.errors import GraftError, PluginError
-from graft.plugins.keywords import call_with_keywords
+from graft.plugins.discovery import install_hint
+from graft.rl.reward_workers import (
+    ProcessWorker,
+    RewardTask,
+    RewardValueError,
+    ThreadWorker,
+    portable_config,
+    reward_name,
+    run_reward,
+)
 
-# (the reward: a `graft.rl.rewards.RewardFunction`, the decoded response, the sample it answers)
-RewardTask = tuple[Any, str, Any]
-# Tasks sent ahead to each worker: it never waits for the parent between samples (a round trip
-# per sample cost more than a math-verify check on a busy machine); a stuck sample's followers
-# are sent again to another worker.
+__all__ = ["PoolResult", "RewardFailure", "RewardPool", "RewardValueError", "debug_trace",
+           "portable_config", "reward_name", "run_reward"]
+
+# Tasks sent ahead to each worker, at most: it never waits for the parent between samples (a
+# round trip per sample cost more than a math-verify check on a busy machine); a stuck sample's
+# followers are sent again to another worker. A small batch is spread over all the workers.
 QUEUE_DEPTH = 8
+
+
+@dataclass(frozen=True)
+class RewardFailure:
+    """Why one sample's reward failed. ``kind``: ``value`` (it returned ``detail``, not a finite
+    number), ``raised`` (``detail`` is the exception and where it was raised) or ``died`` (its
+    worker process ended; ``detail`` says how); ``trace`` is the reward's traceback."""
+
+    kind: str
+    detail: str
+    trace: str = ""
+
+    def describe(self, reward: str, origin: str) -> str:
+        """One sentence naming ``reward`` and the sample (``origin``: its file and row)."""
+        if self.kind == "value":
+            return (f"the reward {reward} returned {self.detail} for {origin}; a reward returns "
+                    f"a finite number")
+        if self.kind == "died":
+            return f"the reward {reward} ended its worker process on {origin} ({self.detail})"
+        return f"the reward {reward} failed on {origin}: {self.detail}"
 
 
 @dataclass
 class PoolResult:
-    """The scores of one batch, in order, and the positions that ran past the time limit (their
-    score is 0)."""
+    """The scores of one batch, in order, the positions that ran past the time limit, and the
+    positions whose reward failed, with why (both score 0)."""
 
     scores: list[float]
     timed_out: list[int] = field(default_factory=list)
+    failures: dict[int, RewardFailure] = field(default_factory=dict)
 
 
-def run_reward(fn: Callable[..., float], response: str, sample: Any, cfg: Any) -> float:
-    """``fn`` called with the keywords it declares of ``response``, ``sample`` and ``cfg``,
-    as a float."""
-    value = call_with_keywords(fn, response=response, sample=sample, cfg=cfg)
-    try:
-        return float(value)
-    except (TypeError, ValueError) as exc:
-        raise PluginError(f"the reward {_name(fn)} returned {value!r} for "
-                          f"{getattr(sample, 'origin', '') or 'a sample'}; a reward returns a "
-                          f"number") from exc
+def _failure(exc: BaseException, trace: str) -> RewardFailure:
+    if isinstance(exc, RewardValueError):
+        return RewardFailure("value", str(exc), trace)
+    where = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
+    at = f" ({where[-1].removeprefix('File ')})" if where else ""
+    return RewardFailure("raised", f"{type(exc).__name__}: {exc}{at}", trace)
 
 
-def _name(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+def debug_trace(trace: str) -> str:
+    """``trace`` on a line of its own under ``GRAFT_DEBUG=1``, else nothing."""
+    import os
 
-
-def _preload(reward: Any) -> None:
-    """Import the modules the reward declares (once per worker: later imports are lookups)."""
-    for module in reward.preload:
-        importlib.import_module(module)
-
-
-class _ThreadWorker:
-    """A daemon thread that scores the tasks put in its inbox, reporting to a shared outbox."""
-
-    def __init__(self, outbox: queue.SimpleQueue, cfg: Any) -> None:
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.outbox, self.cfg = outbox, cfg
-        self.abandoned = False
-        threading.Thread(target=self._loop, name="graft-reward", daemon=True).start()
-
-    def send(self, index: int, task: RewardTask) -> None:
-        self.inbox.put((index, task))
-
-    def _loop(self) -> None:
-        while (item := self.inbox.get()) is not None and not self.abandoned:
-            index, (reward, response, sample) = item
-            try:
-                _preload(reward)
-                self.outbox.put((self, "started", index, None))
-                value = run_reward(reward.fn, response, sample, self.cfg)
-                self.outbox.put((self, "done", index, value))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
-                self.outbox.put((self, "error", index, (exc, traceback.format_exc())))
-
-    def stop(self, *, abandon: bool = False) -> None:
-        self.abandoned = abandon  # a stuck thread that wakes up drops the rest of its inbox
-        self.inbox.put(None)  # a stuck thread never reads it; as a daemon it cannot block exit
-
-
-class _ProcessWorker:
-    """A Python process that scores the tasks it receives on a socket, in its main thread.
-
-    Started as ``python -c`` with the parent's ``sys.path`` (not multiprocessing's spawn, which
-    would import the parent's ``__main__`` again: a user's training script without a
-    ``__main__`` guard would start training in every worker).
-    """
-
-    def __init__(self, config: dict[str, Any], preload: tuple[str, ...] = ()) -> None:
-        import os
-        import socket
-        import subprocess
-        import sys
-        from multiprocessing.connection import Connection
-
-        ours, theirs = socket.socketpair()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        code = f"from graft.rl.reward_pool import worker_main; worker_main({theirs.fileno()})"
-        self.process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()],
-                                        stdin=subprocess.DEVNULL, env=env)
-        theirs.close()
-        self.conn = Connection(ours.detach())
-        self.conn.send((config, preload))  # it imports `preload` while the parent goes on
-
-    def send(self, index: int, task: RewardTask) -> None:
-        try:
-            self.conn.send((index, task))
-        except (pickle.PicklingError, AttributeError, TypeError) as exc:  # it does not pickle
-            raise PluginError(f"the reward {_name(task[0].fn)} runs in worker processes "
-                              f"(algorithm.reward_pool) but cannot be sent to one ({exc}): define "
-                              f"it at module level, or set algorithm.reward_pool=thread") from exc
-
-    def exit_code(self) -> int | None:
-        return self.process.poll()
-
-    def stop(self, *, abandon: bool = False) -> None:
-        import subprocess
-
-        if not abandon and self.process.poll() is None:
-            try:
-                self.conn.send(None)
-                self.process.wait(timeout=2.0)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=5.0)
-        self.conn.close()
-
-
-def worker_main(fd: int) -> None:
-    """A reward worker process (on socket ``fd``): read the config and import the modules to
-    preload, then score until told to stop or the parent goes away."""
-    import signal
-    from multiprocessing.connection import Connection
-
-    from omegaconf import OmegaConf
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    conn = Connection(fd)
-    try:
-        config, preload = conn.recv()
-    except (EOFError, OSError):
-        return
-    cfg = OmegaConf.create(config)
-    OmegaConf.set_readonly(cfg, True)
-    for module in preload:
-        importlib.import_module(module)
-    while True:
-        try:
-            item = conn.recv()  # unpickling imports the reward's module: before "started"
-        except (EOFError, OSError):
-            return
-        if item is None:
-            return
-        index, (reward, response, sample) = item
-        try:
-            _preload(reward)
-            conn.send(("started", index, None))
-            conn.send(("done", index, run_reward(reward.fn, response, sample, cfg)))
-        except BaseException as exc:  # noqa: BLE001 - handed to the parent, raised there
-            trace = traceback.format_exc()
-            try:
-                conn.send(("error", index, (exc, trace)))
-            except Exception:  # noqa: BLE001 - an exception that does not pickle
-                conn.send(("error", index, (RuntimeError(repr(exc)), trace)))
-
-
-def portable_config(cfg: Any) -> dict[str, Any]:
-    """The config as plain data for another process (the root schema class is built at run
-    time and does not pickle); a worker reads it as a read-only OmegaConf config."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.structured(cfg))
+    return f"\n{trace.rstrip()}" if trace and os.environ.get("GRAFT_DEBUG") == "1" else ""
 
 
 class RewardPool:
@@ -203,7 +105,8 @@ class RewardPool:
         self._preload: tuple[str, ...] = ()
 
     def score(self, tasks: Sequence[RewardTask]) -> PoolResult:
-        """Score every task; a reward's error is raised here (after the batch stops)."""
+        """Score every task. A failing reward is a `RewardFailure` of the result; a reward's
+        `GraftError`, or a worker that cannot start, is raised here (the batch stops)."""
         result = PoolResult([0.0] * len(tasks))
         waiting = deque(range(len(tasks)))
         queued: dict[Any, deque[int]] = {}  # worker -> the indices sent to it, in order
@@ -211,30 +114,40 @@ class RewardPool:
         while waiting or any(queued.values()):
             self._dispatch(tasks, waiting, queued)
             for worker, kind, index, payload in self._events(queued, running):
-                if index not in queued.get(worker, ()):
+                if worker not in queued or (index >= 0 and index not in queued[worker]):
                     continue  # an abandoned worker answering late
                 if kind == "started":
                     running[worker] = (index, time.monotonic() + self.timeout_s)
-                elif kind == "done":
-                    result.scores[index] = payload
+                elif kind == "done" or (kind == "error" and not isinstance(payload[0],
+                                                                           GraftError)):
+                    if kind == "done":
+                        result.scores[index] = payload
+                    else:
+                        result.failures[index] = _failure(*payload)
                     queued[worker].remove(index)
                     running.pop(worker, None)
-                else:
+                elif kind == "died":
+                    self._died(worker, payload, queued, running, waiting, result)
+                else:  # Graft's own error, or a worker that cannot import what it needs
                     for other in list(queued):  # their late answers must not reach a later batch
                         self._drop(other, abandon=True)
-                    self._raise(payload, tasks[index])
+                    self._raise(payload, tasks[index] if index >= 0 else None)
             self._expire(queued, running, waiting, result)
         result.timed_out.sort()
         return result
 
     def _dispatch(self, tasks: Sequence[RewardTask], waiting: deque, queued: dict) -> None:
-        """Keep up to `QUEUE_DEPTH` tasks in every worker (so none waits for the parent between
-        samples), starting workers up to the pool's size."""
-        while len(self.workers) < min(self.size, len(waiting) + sum(map(len, queued.values()))):
+        """Spread the waiting tasks over the pool's workers (started up to its size), up to
+        `QUEUE_DEPTH` in each (so none waits for the parent between samples)."""
+        pending = len(waiting) + sum(map(len, queued.values()))
+        if not waiting:
+            return
+        while len(self.workers) < min(self.size, pending):
             self._start_worker()
+        depth = min(QUEUE_DEPTH, -(-pending // len(self.workers)))
         for worker in self.workers:
             mine = queued.setdefault(worker, deque())
-            while waiting and len(mine) < QUEUE_DEPTH:
+            while waiting and len(mine) < depth:
                 index = waiting.popleft()
                 worker.send(index, tasks[index])
                 mine.append(index)
@@ -248,11 +161,11 @@ class RewardPool:
 
     def _start_worker(self) -> Any:
         if self.kind == "thread":
-            worker = _ThreadWorker(self._outbox, self.cfg)
+            worker = ThreadWorker(self._outbox, self.cfg)
         else:
             if self._config is None:
                 self._config = portable_config(self.cfg)
-            worker = _ProcessWorker(self._config, self._preload)
+            worker = ProcessWorker(self._config, self._preload)
         self.workers.append(worker)
         return worker
 
@@ -285,12 +198,25 @@ class RewardPool:
                     events.append((worker, kind, index, payload))
                     if not conn.poll():
                         break
-            except (EOFError, OSError):
-                code = worker.exit_code()
-                self._drop(worker)
-                raise RuntimeError(f"a reward worker process died (exit code {code}) while "
-                                   f"scoring a batch") from None
+            except (EOFError, OSError):  # it ended: after what it said before (in `events`)
+                events.append((worker, "died", -1, worker.wait_exit()))
         return events
+
+    def _died(self, worker: Any, code: int | None, queued: dict, running: dict, waiting: deque,
+              result: PoolResult) -> None:
+        """A worker process ended: the sample it ran fails, the ones queued behind it go back
+        to the front of the line; one that ended before any sample stops the batch."""
+        started = running.pop(worker, None)
+        behind = queued.pop(worker)
+        self._drop(worker)
+        how = f"exit code {code}" if code is None or code >= 0 else f"killed by signal {-code}"
+        if started is None:
+            for other in list(queued):
+                self._drop(other, abandon=True)
+            raise PluginError(f"a reward worker process ended ({how}) while it ran no sample "
+                              f"(at its start or between samples); its output above says why")
+        result.failures[started[0]] = RewardFailure("died", how)
+        waiting.extendleft(reversed([i for i in behind if i != started[0]]))
 
     def _expire(self, queued: dict, running: dict, waiting: deque, result: PoolResult) -> None:
         """Score 0 for every sample past its deadline; its worker is replaced and the samples
@@ -308,13 +234,19 @@ class RewardPool:
         self.workers.remove(worker)
         worker.stop(abandon=abandon)
 
-    def _raise(self, payload: tuple[BaseException, str], task: RewardTask) -> None:
-        """Raise a reward's error: Graft's user errors as they are, others with their trace."""
+    def _raise(self, payload: tuple[BaseException, str], task: RewardTask | None) -> None:
+        """Raise Graft's user errors as they are; a worker that could not import what the
+        reward needs as a `PluginError` naming the module (and the pip command)."""
         exc, trace = payload
         if isinstance(exc, GraftError):
             raise exc
-        origin = getattr(task[2], "origin", "") or "a sample"
-        raise RuntimeError(f"the reward {_name(task[0].fn)} failed on {origin}:\n{trace}") from exc
+        reward = f"the reward {reward_name(task[0].fn)}" if task is not None else "a reward"
+        if isinstance(exc, ImportError) and exc.name:
+            raise PluginError(f"a reward worker ({self.kind}) could not import the module "
+                              f"{exc.name!r}, which {reward} needs ({type(exc).__name__}: "
+                              f"{exc}): {install_hint(exc.name)}{debug_trace(trace)}")
+        raise PluginError(f"a reward worker ({self.kind}) could not load {reward}: "
+                          f"{_failure(exc, trace).detail}{debug_trace(trace)}")
 
     def close(self) -> None:
         """Stop every worker (idempotent)."""

@@ -5,7 +5,10 @@ it scores under ``algorithm.reward=auto``, and whether it runs in threads or pro
 reward is called with keyword arguments, getting those it declares of ``response`` (the
 decoded response, without special tokens), ``sample`` (the `graft.data.tasks.TextSample` it
 answers: ``prompt``, ``answer``, ``data_source``, ``extra_info``, ``origin``) and ``cfg`` (the
-root config), and returns a number.
+root config), and returns a number. A reward that raises or returns no finite number (NaN, inf,
+a string) fails its sample: ``algorithm.reward_errors=stop`` (the default) stops the run with a
+`PluginError` naming the reward and the sample, ``zero`` scores the sample 0 and counts it in
+``reward_errors``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graft.data.tasks import TASKS, TextSample
 from graft.errors import ConfigError, PluginError
@@ -21,6 +24,9 @@ from graft.plugins import GraftPluginManager, get_plugin_manager
 from graft.plugins.registry import collect_named
 
 logger = logging.getLogger("graft.rl")
+
+if TYPE_CHECKING:
+    from graft.rl.reward_pool import RewardFailure
 
 RewardFn = Callable[..., float]
 POOLS = ("thread", "process")
@@ -120,13 +126,20 @@ class RewardChooser:
         return self.rewards[chosen] if chosen is not None else self.fallback
 
 
+def _origin(sample: TextSample) -> str:
+    """Where ``sample`` comes from (its file and row), else its prompt's start."""
+    return sample.origin or f"the sample with the prompt {str(sample.prompt)[:60]!r}"
+
+
 class RewardScorer:
     """Scores a step's responses: each sample's reward (`RewardChooser`), run in a pool of
     ``algorithm.reward_workers`` threads or processes (`graft.rl.reward_pool.RewardPool`), each
     sample within ``algorithm.reward_timeout_s`` (past it the sample scores 0 and is counted in
-    ``reward_timeouts``). The pools start on first use, or with ``samples`` (the dataset)
-    at once the pools their rewards need, so worker processes start while the model loads;
-    `close` stops them."""
+    ``reward_timeouts``). A sample whose reward fails (raises, returns no finite number, ends
+    its worker process) stops the run under ``algorithm.reward_errors=stop``; under ``zero`` it
+    scores 0 and is counted in ``reward_errors``. The pools start on first use, or with
+    ``samples`` (the dataset) at once the pools their rewards need, so worker processes start
+    while the model loads; `close` stops them."""
 
     def __init__(self, cfg: Any, samples: Sequence[TextSample] = (),
                  manager: GraftPluginManager | None = None) -> None:
@@ -134,6 +147,9 @@ class RewardScorer:
 
         algorithm = cfg.algorithm
         self.choose = RewardChooser(algorithm.reward, cfg.data.source, manager)
+        self.names = {id(reward): name for name, reward in self.choose.rewards.items()}
+        self.on_error = algorithm.reward_errors
+        self.errors = 0
         self.forced_pool = None if algorithm.reward_pool == "auto" else algorithm.reward_pool
         self.pools = {kind: RewardPool(kind, workers=algorithm.reward_workers,
                                        timeout_s=algorithm.reward_timeout_s, cfg=cfg)
@@ -154,7 +170,8 @@ class RewardScorer:
         for index, reward in enumerate(chosen):
             groups[self.forced_pool or reward.pool].append(index)
         scores = [0.0] * len(samples)
-        self.timeouts = 0
+        failures: dict[int, RewardFailure] = {}
+        self.timeouts = self.errors = 0
         for kind, indices in groups.items():
             if not indices:
                 continue
@@ -162,16 +179,41 @@ class RewardScorer:
                                              for i in indices])
             for index, value in zip(indices, result.scores, strict=True):
                 scores[index] = value
+            failures.update((indices[position], failure)
+                            for position, failure in result.failures.items())
             self.timeouts += len(result.timed_out)
             for position in result.timed_out:
                 logger.warning("the reward of %s took longer than algorithm.reward_timeout_s="
                                "%s and scores 0", samples[indices[position]].origin
                                or "a sample", self.pools[kind].timeout_s)
+        if failures:
+            self._failed(failures, chosen, samples)
         return scores
 
+    def _failed(self, failures: dict[int, RewardFailure], chosen: list[RewardFunction],
+                samples: Sequence[TextSample]) -> None:
+        """Stop (``reward_errors=stop``) with the first failure, or count them (``zero``: they
+        scored 0) with one warning for the batch."""
+        from graft.rl.reward_pool import debug_trace, reward_name
+
+        first = min(failures)
+        reward = chosen[first]
+        label = (f"{self.names[id(reward)]!r} ({reward_name(reward.fn)})"
+                 if id(reward) in self.names else reward_name(reward.fn))
+        message = failures[first].describe(label, _origin(samples[first]))
+        trace = failures[first].trace
+        if self.on_error == "stop":
+            raise PluginError(f"{message}. Fix the reward, or set algorithm.reward_errors=zero to "
+                              f"score a failing sample 0 and count it (metric reward_errors)"
+                              f"{debug_trace(trace)}")
+        self.errors = len(failures)
+        logger.warning("%d of %d rewards failed and score 0 (algorithm.reward_errors=zero); the "
+                       "first: %s%s", len(failures), len(samples), message, debug_trace(trace))
+
     def metrics(self) -> dict[str, float]:
-        """This rank's count of samples of the last `score` that ran past the timeout."""
-        return {"reward_timeouts": float(self.timeouts)}
+        """This rank's counts of samples of the last `score` that ran past the timeout and
+        whose reward failed (``algorithm.reward_errors=zero``); both scored 0."""
+        return {"reward_timeouts": float(self.timeouts), "reward_errors": float(self.errors)}
 
     def close(self) -> None:
         """Stop the worker threads and processes (idempotent)."""

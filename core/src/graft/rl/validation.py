@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -54,13 +54,16 @@ def validation_due(step: int, *, every: int, total_steps: int) -> bool:
 @dataclass(frozen=True)
 class ValidationResult:
     """One validation: the metrics (over every rank) and this rank's samples, responses and
-    rewards (``val.n`` consecutive per prompt), with its prompts' ids."""
+    rewards (``val.n`` consecutive per prompt), with its prompts' ids (as the data loader
+    encoded them) and what the engine or the episodes generated (``generated``, one per
+    response: the prompt the model saw, an environment's ``reset`` included)."""
 
     metrics: dict[str, float]
     samples: list[TextSample]
     prompt_ids: list[list[int]]
     responses: list[str]
     rewards: list[float]
+    generated: list[RolloutSample] = field(default_factory=list)
 
 
 class Validator:
@@ -105,7 +108,7 @@ class Validator:
         lengths = [len(s.response_ids) for s in generated]
         metrics = self._reduce(rewards, lengths)
         return ValidationResult(metrics, samples, [self.ids[i] for i in local], responses,
-                                rewards)
+                                rewards, list(generated))
 
     def _reduce(self, rewards: Sequence[float], lengths: Sequence[int]) -> dict[str, float]:
         groups = [rewards[i:i + self.n] for i in range(0, len(rewards), self.n)]

@@ -3,6 +3,8 @@
 A call that raises, runs past its deadline or returns something malformed gives an `EnvFailure`
 instead of a value; the caller ends that episode. A thread past its deadline is abandoned (a
 daemon: it cannot keep the process alive), as nothing can stop a Python thread from outside.
+A failure keeps the traceback of what raised, or where a call past its deadline was stuck
+(shown under ``GRAFT_DEBUG=1``).
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import asyncio
 import inspect
 import math
 import numbers
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +27,12 @@ from graft.rollout.environment import MalformedAction
 @dataclass(frozen=True)
 class EnvFailure:
     """Why an environment call gave no value: ``kind`` is ``error`` (raised, timed out or
-    returned something malformed) or ``malformed_action`` (`MalformedAction`)."""
+    returned something malformed) or ``malformed_action`` (`MalformedAction`); ``detail`` is
+    the traceback of what raised, or the stack where a call past its deadline was (else "")."""
 
     kind: str
     reason: str
+    detail: str = ""
 
 
 class EnvCall:
@@ -46,15 +52,20 @@ class EnvCall:
                 value = asyncio.run(_awaited(value))
             self.box["value"] = value
         except MalformedAction as exc:
-            self.box["failure"] = EnvFailure("malformed_action", f"malformed action: {exc}")
+            self.box["failure"] = EnvFailure("malformed_action", f"malformed action: {exc}",
+                                             traceback.format_exc())
         except Exception as exc:  # an environment's bug ends its episode, never the run
-            self.box["failure"] = EnvFailure("error", f"raised {type(exc).__name__}: {exc}")
+            self.box["failure"] = EnvFailure("error", f"raised {type(exc).__name__}: {exc}",
+                                             traceback.format_exc())
 
     def result(self, timeout_s: float) -> Any:
         """The call's value, or an `EnvFailure`; waits until ``timeout_s`` after the start."""
         self.thread.join(max(0.0, self.started + timeout_s - time.perf_counter()))
         if self.thread.is_alive():
-            return EnvFailure("error", f"took longer than rollout.env_timeout_s={timeout_s:g}")
+            frame = sys._current_frames().get(self.thread.ident)
+            where = "".join(traceback.format_stack(frame)) if frame is not None else ""
+            return EnvFailure("error", f"took longer than rollout.env_timeout_s={timeout_s:g}",
+                              f"the call was here when its time ran out:\n{where}")
         return self.box.get("failure", self.box.get("value"))
 
 

@@ -9,23 +9,32 @@ episode of a rank generates its turn in one batch; with several ranks every rank
 turns as the busiest (the embedded engine's decode steps are collectives, the vLLM engine
 gathers every rank's prompts on rank 0). Any `graft.rollout.types.RolloutEngine` serves: a turn
 is one ``generate`` of token ids.
+
+An episode an environment call ended is logged: the first `SHOWN_FAILURES` of each run one line
+each (with the traceback under ``GRAFT_DEBUG=1``), the rest in one line with their count. A
+training step whose every episode ended in an environment error is a warning, and
+``rollout.max_failed_env_steps`` such steps in a row stop the run (`EpisodeRunner.check_failures`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
+from graft.errors import PluginError
 from graft.rollout.env_calls import EnvFailure, call_all, checked_step
 from graft.rollout.observations import MalformedObservation, observation_ids
 from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
 
 logger = logging.getLogger("graft.rollout")
+SHOWN_FAILURES = 3  # failed episodes of a run logged one line each; the rest are counted
 
 
 @dataclass(frozen=True)
@@ -58,14 +67,14 @@ class Episode:
     def end(self, failure: EnvFailure | None = None) -> None:
         """Stop the episode (with the reason when an environment call failed)."""
         self.done, self.failure = True, failure
-        if failure is None:
-            return
+
+    def failure_line(self) -> str:
+        """What ended the episode, for the log (it failed)."""
         origin = getattr(self.sample, "origin", "") or "a sample"
-        if failure.kind == "malformed_action":  # the model's doing: counted, not alarming
-            logger.info("an episode of %s ended with reward 0: %s", origin, failure.reason)
-        else:
-            logger.warning("an episode of %s ended with reward 0: the environment %s", origin,
-                           failure.reason)
+        if self.failure.kind == "malformed_action":
+            return f"an episode of {origin} ended with reward 0: {self.failure.reason}"
+        return (f"an episode of {origin} ended with reward 0: the environment "
+                f"{self.failure.reason}")
 
     def reward(self) -> float:
         """0 after a failure, else the sum of the environment's rewards."""
@@ -110,6 +119,7 @@ class EpisodeRunner:
         from graft.plugins.keywords import call_with_keywords
 
         self.make = lambda: call_with_keywords(factory, cfg=cfg, tokenizer=tokenizer)
+        self.cfg = cfg
         self.tokenizer = tokenizer
         self.stand_in = getattr(tokenizer, "pad_token_id", None) or 0
         self.limits = limits
@@ -119,6 +129,10 @@ class EpisodeRunner:
         self.sum_over_ranks = sum_over_ranks or (lambda totals: totals)
         self.ranks = ranks
         self.env_s = 0.0
+        self.name = getattr(getattr(cfg, "rollout", None), "environment", "") or "in use"
+        # training steps in a row whose every episode ended in an environment error
+        self.failed_steps = 0
+        self.first_error = ""  # the first environment error of the last run on this rank
 
     def run(self, engine: RolloutEngine, samples: Sequence[Any], prompts: Sequence[list[int]],
             spec: SamplingSpec) -> EpisodeBatch:
@@ -133,6 +147,7 @@ class EpisodeRunner:
             contexts = [e.prompt + e.response for e in active] or [[self.stand_in]]
             generated = engine.generate(contexts, turn)
             self._answer(active, generated, budgets)
+        self._report(episodes)
         return EpisodeBatch([self._sample(e) for e in episodes], [e.reward() for e in episodes],
                             [e.needs_score() for e in episodes], self._metrics(episodes))
 
@@ -229,9 +244,56 @@ class EpisodeRunner:
         return RolloutSample(episode.prompt, episode.response, logprobs,
                              loss_mask=torch.tensor(episode.model_mask, dtype=torch.float32))
 
+    def _report(self, episodes: list[Episode]) -> None:
+        """Log the failed episodes: `SHOWN_FAILURES` one line each (with the traceback under
+        ``GRAFT_DEBUG=1``), the rest in one line counting them by kind."""
+        failed = [e for e in episodes if e.failure is not None]
+        errors = [e for e in failed if e.failure.kind == "error"]
+        self.first_error = errors[0].failure.reason if errors else ""
+        debug = os.environ.get("GRAFT_DEBUG") == "1"
+        hinted = False
+        for episode in failed[:SHOWN_FAILURES]:
+            line, detail = episode.failure_line(), episode.failure.detail.rstrip()
+            if detail and debug:
+                line += "\n" + detail
+            elif detail and not hinted:
+                line, hinted = line + " (GRAFT_DEBUG=1 shows where)", True
+            # a malformed action is the model's doing: counted, not alarming
+            logger.log(logging.INFO if episode.failure.kind == "malformed_action"
+                       else logging.WARNING, line)
+        rest = Counter(e.failure.kind for e in failed[SHOWN_FAILURES:])
+        if rest:
+            counts = ", ".join(f"{count} {KIND_NAMES[kind]}" for kind, count in rest.items())
+            logger.log(logging.WARNING if rest["error"] else logging.INFO,
+                       "%d more episodes ended with reward 0 (%s; rollout/env_errors, "
+                       "rollout/malformed_actions)", sum(rest.values()), counts)
+
+    def check_failures(self, batch: EpisodeBatch) -> None:
+        """After a training step's episodes (every rank, on metrics summed over the ranks):
+        warn when every episode ended in an environment error; after
+        ``rollout.max_failed_env_steps`` such steps in a row (0: never), a `PluginError`."""
+        if batch.metrics.get("rollout/env_error_fraction", 0.0) < 1.0:
+            self.failed_steps = 0
+            return
+        self.failed_steps += 1
+        limit = getattr(getattr(self.cfg, "rollout", None), "max_failed_env_steps", 0) or 0
+        where = f"; the first on this rank {self.first_error}" if self.first_error else ""
+        if limit and self.failed_steps >= limit:
+            raise PluginError(
+                f"every episode of the last {self.failed_steps} steps ended in an error of the "
+                f"environment {self.name!r} (reward 0 for all: nothing to learn{where}); fix the "
+                f"environment (GRAFT_DEBUG=1 shows its tracebacks), or set "
+                f"rollout.max_failed_env_steps=0 to train on")
+        if _is_main():
+            logger.warning(
+                "warning: every episode of this step ended in an error of the environment %r "
+                "(reward 0 for all: nothing to learn%s); %s", self.name, where,
+                f"the run stops after {limit} such steps in a row (rollout.max_failed_env_steps)"
+                if limit else "rollout.max_failed_env_steps=0: the run goes on")
+
     def _metrics(self, episodes: list[Episode]) -> dict[str, float]:
-        """Means over every rank's episodes, counts summed over the ranks, and each rank's
-        mean seconds in environment calls."""
+        """Means over every rank's episodes, counts summed over the ranks, the share of them
+        an environment error ended, and each rank's mean seconds in environment calls."""
         failures = [e.failure.kind for e in episodes if e.failure is not None]
         totals = self.sum_over_ranks(torch.tensor(
             [float(len(episodes)), float(sum(e.turns for e in episodes)),
@@ -241,4 +303,15 @@ class EpisodeRunner:
         return {"rollout/turns_mean": turns / max(count, 1.0),
                 "rollout/tool_calls_mean": calls / max(count, 1.0),
                 "rollout/env_errors": errors, "rollout/malformed_actions": malformed,
+                "rollout/env_error_fraction": errors / max(count, 1.0),
                 "rollout/env_s": env_s / self.ranks}
+
+
+KIND_NAMES = {"error": "environment errors", "malformed_action": "malformed actions"}
+
+
+def _is_main() -> bool:
+    """Whether this is rank 0 (or the only process)."""
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0

@@ -23,11 +23,16 @@ import torch
 import torch.distributed as dist
 
 from graft.engine.distributed import DistEnv, broadcast_object
-from graft.errors import PluginError
+from graft.errors import ConfigError, PluginError
 from graft.export.hf import hf_directory_sink
 from graft.export.sinks.vllm import VLLMSink
 from graft.export.stream import WeightExporter, default_bucket_bytes
-from graft.inference.vllm_engine import import_vllm, shutdown_engine, start_engine
+from graft.inference.vllm_engine import (
+    context_length_problem,
+    import_vllm,
+    shutdown_engine,
+    start_engine,
+)
 from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos, refuse_extras
 
 # Per-request outputs vLLM can return, and the engine argument that turns each on.
@@ -78,6 +83,9 @@ class VLLMRollout:
 
     def __init__(self, model: torch.nn.Module, *, compute_dtype: torch.dtype, cfg: Any,
                  env: DistEnv, run_dir: Path, tokenizer: Any) -> None:
+        problem = context_length_problem(cfg.rollout.max_model_len, model.config)
+        if problem is not None:  # before the export and vLLM's own (pydantic) refusal
+            raise ConfigError(problem)
         self.env = env
         self.cfg = cfg
         self.eos_token_id = tokenizer.eos_token_id

@@ -7,6 +7,12 @@
 * `registered_plugin(plugin)`: register a plugin in this process temporarily, in place of an
   installed plugin of the same name if there is one (also the pytest fixture ``graft_plugin``,
   available automatically once graft is installed).
+* What a registry plugin's tests call, as the trainer calls it (these import torch when first
+  used): `aggregate_loss(loss_mat, loss_mask, mode, ctx, manager)` reduces a micro-batch's loss
+  matrix through ``graft_loss_aggregate`` (plugins first, then the core's modes), with an
+  `AggregationContext` (the mini-batch's normalisers a ``graft_loss_aggregate`` gets as
+  ``ctx``); `advantage_estimators(manager)` is every ``algorithm.advantage`` by name and
+  `compute_advantages(estimator, rewards, group_size=, cfg=)` runs one (finite values checked).
 
 Submodules (import torch): `graft.testing.families` (a model family's conformance and HF export
 checks), `graft.testing.invariance` (a loss's gradient is the same however a mini-batch is split
@@ -26,11 +32,31 @@ from graft.plugins import GraftPluginManager, PluginRecord, get_plugin_manager
 from graft.plugins.discovery import discover_candidates
 
 __all__ = [
+    "AggregationContext",
+    "advantage_estimators",
+    "aggregate_loss",
     "check_config_section",
     "check_installed_plugin",
     "check_plugin",
+    "compute_advantages",
     "registered_plugin",
 ]
+
+# Torch-importing names, loaded on first access (the core's own definitions).
+_LAZY = {
+    "AggregationContext": "graft.losses.aggregation",
+    "aggregate_loss": "graft.losses.registry",
+    "advantage_estimators": "graft.rl.advantages",
+    "compute_advantages": "graft.rl.advantages",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'graft.testing' has no attribute {name!r}")
 
 
 def check_plugin(plugin: object, name: str = "plugin-under-test") -> list[str]:

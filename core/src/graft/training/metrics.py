@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import resource
 import sys
 import time
@@ -48,17 +49,26 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 class MetricsLog:
-    """Appends metrics to ``<run_dir>/metrics.jsonl`` and shows progress; silent off rank 0."""
+    """Appends metrics to ``<run_dir>/metrics.jsonl`` and shows progress; silent off rank 0.
+
+    ``start_step``: the step training continues after (0 for a new run), from which the
+    time left is estimated; with ``tensorboard`` the event files' records of later steps
+    (written before a crash, done again now) are superseded.
+    """
 
     def __init__(self, run_dir: Path, *, total_steps: int, enabled: bool,
-                 tensorboard: bool = False) -> None:
+                 tensorboard: bool = False, start_step: int = 0) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
         self.total_steps = total_steps
+        self.start_step = start_step
         self.history: list[dict[str, Any]] = []
         self._progress: Any = None
         self._task: Any = None
-        self._tensorboard = _tensorboard_writer(run_dir) if (enabled and tensorboard) else None
+        # A resumed run purges the steps after its checkpoint; a new run everything (step 0 on).
+        purge = start_step + 1 if start_step > 0 else 0
+        self._tensorboard = (_tensorboard_writer(run_dir, purge_step=purge)
+                             if (enabled and tensorboard) else None)
         self.started = time.perf_counter()
 
     def __enter__(self) -> MetricsLog:
@@ -87,7 +97,7 @@ class MetricsLog:
         if not self.enabled:
             return
         with self.path.open("a") as handle:
-            handle.write(json.dumps(metrics) + "\n")
+            handle.write(json_line(metrics) + "\n")
         if self._tensorboard is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and key != "step":
@@ -102,11 +112,24 @@ class MetricsLog:
                 line = prefix + format_metrics(metrics, width=width - len(prefix))
                 self._progress.console.print(line, markup=False, highlight=False)
         elif print_line:
-            print(f"step {metrics['step']:>5}  {format_metrics(metrics)}", flush=True)
+            step = metrics["step"]
+            eta = self.eta_s(step)
+            print(f"step {step:>{len(str(self.total_steps))}}/{self.total_steps}  "
+                  f"{format_metrics(metrics)}" + (f"  eta {_clock(eta)}" if eta else ""),
+                  flush=True)
 
     def elapsed_s(self) -> float:
         """Wall-clock seconds since this log was created (at the start of training)."""
         return time.perf_counter() - self.started
+
+    def eta_s(self, step: int) -> float | None:
+        """Seconds left after ``step``: the mean wall time of this run's steps so far (each
+        with its checkpoint saves and validations) times the steps left; None before the
+        first step of this run and after the last."""
+        done = step - self.start_step
+        if done <= 0 or step >= self.total_steps:
+            return None
+        return self.elapsed_s() / done * (self.total_steps - step)
 
 
 def step_progress() -> Any:
@@ -174,12 +197,53 @@ def _compact(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def _tensorboard_writer(run_dir: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
+def _clock(seconds: float) -> str:
+    """``h:mm:ss``, as the terminal's progress display shows the time left."""
+    whole = round(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+def json_line(metrics: dict[str, Any]) -> str:
+    """``metrics`` as one line of strict JSON: a non-finite number (NaN, inf) is written as
+    ``null`` and its key listed in ``nonfinite`` with the value as text (``"nan"``, ``"inf"``,
+    ``"-inf"``), since JSON has no such numbers (``jq`` and JavaScript reject a bare ``NaN``)."""
+    nonfinite: dict[str, str] = {}
+    record = {key: _finite(value, key, nonfinite) for key, value in metrics.items()}
+    if nonfinite:
+        record["nonfinite"] = nonfinite
+    return json.dumps(record, allow_nan=False)
+
+
+def _finite(value: Any, key: str, nonfinite: dict[str, str]) -> Any:
+    """``value`` with each non-finite float replaced by None and noted under its key
+    (``key.0`` for an item of a list)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        nonfinite[key] = str(value)
         return None
-    return SummaryWriter(str(run_dir / "tensorboard"))
+    if isinstance(value, (list, tuple)):
+        return [_finite(item, f"{key}.{i}", nonfinite) for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _finite(item, f"{key}.{k}", nonfinite) for k, item in value.items()}
+    return value
+
+
+def require_tensorboard() -> None:
+    """`ConfigError` naming the pip command when ``trainer.tensorboard=true`` cannot write
+    TensorBoard events (the tensorboard package is not installed); call it before the model
+    loads."""
+    from graft.errors import ConfigError
+
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(f"trainer.tensorboard=true needs the tensorboard package ({exc}): "
+                          f"`pip install tensorboard`, or set trainer.tensorboard=false") from exc
+
+
+def _tensorboard_writer(run_dir: Path, *, purge_step: int) -> Any:
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge_step)
 
 
 def print_summary(history: list[dict[str, Any]], run_dir: Any, *,

@@ -2,16 +2,22 @@
 
 Each line is one prompt of a step (``trainer.log_samples`` per step, and as many per
 validation), with its first response: ``step``, ``split`` (``train`` or ``val``), the
-``prompt`` as the model saw it (rendered by the chat template, special tokens kept), the
-``response`` (decoded without special tokens, as the reward saw it), its ``reward``, the
-``ground_truth``, the ``data_source``, and the rewards of every response to that prompt
-(``group_rewards``: GRPO's group). Rank 0 writes its own share of the prompts.
+``prompt`` as the model saw it (rendered by the chat template, special tokens kept; for an
+environment's episode what its ``reset`` returned), the ``response`` (decoded without special
+tokens, as the reward saw it), its ``reward``, the ``ground_truth``, the ``data_source``, and the
+rewards of every response to that prompt (``group_rewards``: GRPO's group). An episode's line
+also has ``turns``: the sequence after the prompt as the model saw it, in pieces
+(``{"source": "model" | "environment", "text": ...}``, special tokens kept). With
+``trainer.log_sample_responses=all`` every response of a logged prompt has its own line, with
+its place in the group (``response_index``, matching ``group_rewards``). Rank 0 writes its own
+share of the prompts.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +27,63 @@ FILE = "samples.jsonl"
 CONSOLE_CHARS = 300  # a prompt or response longer than this is cut on the console (not in the file)
 
 
-def sample_records(split: str, samples: Sequence[TextSample], prompts: Sequence[str],
+@dataclass(frozen=True)
+class Shown:
+    """One response as the model saw it: its ``prompt`` (rendered text) and, for an episode,
+    its ``turns`` (``[{"source": "model" | "environment", "text": ...}]``; None otherwise)."""
+
+    prompt: str
+    turns: list[dict[str, str]] | None = None
+
+
+def shown_to_model(sample: Any, tokenizer: Any) -> Shown:
+    """What the model saw of one `graft.rollout.RolloutSample`: its prompt ids decoded with
+    special tokens kept; for an episode (a sample with a ``loss_mask``) also its response in
+    runs of the model's tokens (mask 1) and the environment's (mask 0)."""
+    prompt = tokenizer.decode(list(sample.prompt_ids), skip_special_tokens=False)
+    if sample.loss_mask is None:
+        return Shown(prompt)
+    turns: list[dict[str, str]] = []
+    ids, mask = list(sample.response_ids), [float(m) for m in sample.loss_mask]
+    start = 0
+    for end in range(1, len(ids) + 1):
+        if end == len(ids) or mask[end] != mask[start]:
+            turns.append({"source": "model" if mask[start] else "environment",
+                          "text": tokenizer.decode(ids[start:end], skip_special_tokens=False)})
+            start = end
+    return Shown(prompt, turns)
+
+
+def sample_records(split: str, samples: Sequence[TextSample], shown: Sequence[Shown],
                    responses: Sequence[str], rewards: Sequence[float], *, group_size: int,
-                   count: int) -> list[dict[str, Any]]:
-    """Records for the first ``count`` prompts: ``samples[i]``, ``responses[i]`` and
-    ``rewards[i]`` are per response (``group_size`` consecutive responses share a prompt),
-    ``prompts[p]`` is prompt ``p``'s rendered text. No ``step`` yet (`SampleLog.write` adds it)."""
+                   count: int, every_response: bool = False) -> list[dict[str, Any]]:
+    """Records for the first ``count`` prompts: ``samples[i]``, ``shown[i]``, ``responses[i]``
+    and ``rewards[i]`` are per response (``group_size`` consecutive responses share a prompt;
+    ``shown`` may stop after the last logged response). One record per prompt (its first
+    response), or with ``every_response`` one per response (with ``response_index``). No
+    ``step`` yet (`SampleLog.write` adds it)."""
     records = []
-    for prompt in range(min(count, len(prompts))):
+    prompts = min(count, len(samples) // max(group_size, 1))
+    for prompt in range(prompts):
         first = prompt * group_size
-        sample = samples[first]
-        records.append({
-            "split": split, "prompt": prompts[prompt], "response": responses[first],
-            "reward": float(rewards[first]), "ground_truth": sample.answer,
-            "data_source": sample.data_source,
-            "group_rewards": [float(r) for r in rewards[first:first + group_size]]})
+        group = [float(r) for r in rewards[first:first + group_size]]
+        for index in range(group_size if every_response else 1):
+            records.append(_record(split, samples[first + index], shown[first + index],
+                                   responses[first + index], group, index, every_response))
     return records
+
+
+def _record(split: str, sample: TextSample, shown: Shown, response: str, group: list[float],
+            index: int, every_response: bool) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "split": split, "prompt": shown.prompt, "response": response, "reward": group[index],
+        "ground_truth": sample.answer, "data_source": sample.data_source,
+        "group_rewards": group}
+    if every_response:
+        record["response_index"] = index
+    if shown.turns is not None:
+        record["turns"] = shown.turns
+    return record
 
 
 class SampleLog:

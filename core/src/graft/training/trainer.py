@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -17,16 +18,28 @@ from graft.engine.sequence_parallel import sequence_parallel_size
 from graft.engine.model_setup import build_parallel_model
 from graft.engine.parallelize import mixed_precision_policy
 from graft.engine.train_engine import TrainEngine
-from graft.errors import ConfigError
+from graft.errors import CheckpointError, ConfigError
 from graft.export.hf import export_model_to_hf
 from graft.models.build import load_local_config
 from graft.output_dirs import check_output_dir
 from graft.plugins import get_plugin_manager
 from graft.training.compile_cache import CacheCounters, use_compile_cache
 from graft.training.job import TrainingJob, build_job
-from graft.training.metrics import MetricsLog, console_print, peak_memory_gib, print_summary
+from graft.training.metrics import (
+    MetricsLog,
+    console_print,
+    peak_memory_gib,
+    print_summary,
+    require_tensorboard,
+)
 from graft.training.optim import build_optimizer, build_scheduler
-from graft.training.run_dir import config_text, resolve_run_dir, truncate_metrics, write_config
+from graft.training.run_dir import (
+    config_changes,
+    config_text,
+    resolve_run_dir,
+    truncate_metrics,
+    write_config,
+)
 from graft.training.samples import truncate_samples
 from graft.training.timing import RunClock
 
@@ -51,6 +64,11 @@ class Trainer:
     A job with an ``after_step(engine, step=, total_steps=)`` method (RL: validation, samples)
     gets it called before the first step (step 0) and after every step; the metrics it returns
     join the step's (step 0's make a record of their own).
+
+    Resuming says which settings changed since the checkpoint was saved and writes
+    config.yaml only once the checkpoint loaded. A run whose checkpoint to resume from is at
+    ``trainer.total_steps`` or later is complete: nothing is built, and `fit` says so and
+    returns no metrics.
     """
 
     def __init__(self, cfg: Any) -> None:
@@ -62,6 +80,13 @@ class Trainer:
         self.run_dir = resolve_run_dir(cfg, is_main=self.env.is_main)
         written = cfg
         self.cfg = cfg = self._resolve_auto(cfg)
+        if cfg.trainer.tensorboard:
+            require_tensorboard()  # before the model loads, not after
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint, self.env)
+        self.resume_from = self.checkpoints.resume_path()
+        self.finished_step = finished_step(self.resume_from, cfg.trainer.total_steps)
+        if self.finished_step is not None:
+            return  # nothing to build: `fit` says the run is complete
         self.compile_cache_dir = use_compile_cache(cfg.engine.compile_cache_dir)
         self.cache_counters = CacheCounters()
         self._first_step_done = False
@@ -80,10 +105,9 @@ class Trainer:
         # The config as saved in config.yaml and in every checkpoint (built once, not per save).
         self.config_yaml = (config_text(written, str(self.run_dir))
                             + choices_comment(self.auto_choices))
-        if self.env.is_main:
-            write_config(self.run_dir, self.config_yaml)
-        self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint, self.env)
         self._resume()
+        if self.env.is_main:  # only now: a rejected resume leaves the run's config.yaml as it was
+            write_config(self.run_dir, self.config_yaml)
         self.job.attach(self.engine, self.run_dir)  # after resume: vLLM starts from these weights
 
     def _resolve_auto(self, cfg: Any) -> Any:
@@ -94,17 +118,47 @@ class Trainer:
         return resolved
 
     def _resume(self) -> None:
-        path = self.checkpoints.resume_path()
-        if path is None:
-            return
-        state = self.checkpoints.load(path, model=self.engine.model,
-                                      optimizer=self.engine.optimizer)
-        self.step = state["step"]
-        self.engine.scheduler.load_state_dict(state["scheduler"])
-        self.job.load_state_dict(state["job"])
+        """Load the checkpoint to resume from, if any, saying which settings changed since it
+        was saved; then drop the log lines of the steps this run does again (all of them when
+        it starts over), so each step is logged once."""
+        path = self.resume_from
+        if path is not None:
+            changes = config_changes(saved_config(path, self.run_dir), self.config_yaml)
+            try:
+                state = self.checkpoints.load(path, model=self.engine.model,
+                                              optimizer=self.engine.optimizer)
+            except CheckpointError as exc:
+                if not changes:
+                    raise
+                raise CheckpointError(f"{exc}\nchanged since that checkpoint: "
+                                      f"{'; '.join(changes)}") from exc
+            self.step = state["step"]
+            self.engine.scheduler.load_state_dict(state["scheduler"])
+            self.job.load_state_dict(state["job"])
+            if any(c.startswith(("optim.", "trainer.total_steps:")) for c in changes):
+                self._apply_optim_settings()
+            if self.env.is_main and changes:
+                logger.info("resuming with settings changed since %s (applied from step %d "
+                            "on): %s", path, self.step + 1, "; ".join(changes))
         if self.env.is_main:
-            truncate_metrics(self.run_dir, self.step)
-            truncate_samples(self.run_dir, self.step)
+            dropped = truncate_metrics(self.run_dir, self.step if path is not None else -1)
+            truncate_samples(self.run_dir, self.step if path is not None else -1)
+            if path is None and dropped:
+                logger.info("%s holds no checkpoint to resume from: training starts over at "
+                            "step 1 (metrics.jsonl and samples.jsonl start over too)",
+                            self.run_dir)
+
+    def _apply_optim_settings(self) -> None:
+        """This config's AdamW settings and schedule over those the checkpoint restored (its
+        optimizer state holds the learning rate and betas it was saved with)."""
+        optim, scheduler = self.cfg.optim, self.engine.scheduler
+        scheduler.base_lrs = [optim.lr] * len(scheduler.base_lrs)
+        for group, factor in zip(self.engine.optimizer.param_groups, scheduler.lr_lambdas,
+                                 strict=True):
+            group.update(initial_lr=optim.lr, lr=optim.lr * factor(scheduler.last_epoch),
+                         betas=tuple(optim.betas), eps=optim.eps,
+                         weight_decay=optim.weight_decay)
+        scheduler._last_lr = [group["lr"] for group in self.engine.optimizer.param_groups]
 
     def save_checkpoint(self) -> None:
         """Checkpoint the current step (model, optimizer, schedule, data position, RNG)."""
@@ -147,8 +201,9 @@ class Trainer:
         return metrics
 
     def _first_step_metrics(self) -> dict[str, Any]:
-        """``time_to_first_step_s`` (from the process's start, or this run's when it is not the
-        process's first, to the end of its first step; said on the console on rank 0) and
+        """``time_to_first_step_s`` (from the start of the ``graft`` command, or of the process
+        for a library call, or this run's own when it is not the process's first, to the end of
+        its first step; `graft.training.timing`; said on the console on rank 0) and
         torch.compile's cache hits and misses so far."""
         self._first_step_done = True
         seconds = self.clock.seconds()
@@ -169,10 +224,16 @@ class Trainer:
         The rollout engine is stopped when training ends, also when it ends with an error.
         """
         total = self.cfg.trainer.total_steps
+        if self.finished_step is not None:
+            if self.env.is_main:
+                console_print(complete_message(self.run_dir, self.resume_from, total,
+                                               hf_at_end=self.cfg.export.hf_at_end))
+            return []
         every = max(1, self.cfg.trainer.log_every_steps)
         try:
             with MetricsLog(self.run_dir, total_steps=total, enabled=self.env.is_main,
-                            tensorboard=self.cfg.trainer.tensorboard) as log:
+                            tensorboard=self.cfg.trainer.tensorboard,
+                            start_step=self.step) as log:
                 if self.step == 0 and (before := self._after_step(0)):
                     log.log({"step": 0, **before}, print_line=False)
                 while self.step < total:
@@ -189,6 +250,39 @@ class Trainer:
             print_summary([m for m in log.history if m["step"] > 0], self.run_dir,
                           wall_time_s=log.elapsed_s())
         return log.history
+
+
+def finished_step(checkpoint: Path | None, total_steps: int) -> int | None:
+    """The step of ``checkpoint`` when it is at ``total_steps`` or later (the run is complete),
+    else None (also when its trainer.json cannot be read: the load reports that)."""
+    if checkpoint is None:
+        return None
+    try:
+        step = int(json.loads((checkpoint / "trainer.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return step if step >= total_steps else None
+
+
+def complete_message(run_dir: Path, checkpoint: Path, total_steps: int, *, hf_at_end: bool) -> str:
+    """What a rerun of a finished run says instead of training (see `finished_step`)."""
+    message = (f"{run_dir} is complete: its checkpoint {checkpoint} is at step "
+               f"{finished_step(checkpoint, total_steps)} (trainer.total_steps={total_steps}), "
+               f"so there is nothing to train. Raise trainer.total_steps to train on, or give "
+               f"another trainer.run_dir to start a new run.")
+    if hf_at_end and not (run_dir / "hf").exists():
+        message += (f" Its end-of-run export is missing: `graft export --ckpt {checkpoint} "
+                    f"--out {run_dir / 'hf'}` writes it.")
+    return message
+
+
+def saved_config(checkpoint: Path, run_dir: Path) -> str:
+    """The config ``checkpoint`` was saved with (its config.yaml, else the run directory's);
+    empty when neither exists."""
+    for path in (checkpoint / "config.yaml", run_dir / "config.yaml"):
+        if path.is_file():
+            return path.read_text()
+    return ""
 
 
 def _check_vocab(tokenizer: Any, config: Any) -> None:

@@ -4,9 +4,13 @@ import torch
 
 import graft
 import graft_myfeature.plugin as plugin
-from graft.losses.aggregation import AggregationContext
-from graft.losses.registry import aggregate_loss
-from graft.testing import check_config_section, check_installed_plugin, check_plugin
+from graft.testing import (
+    AggregationContext,
+    aggregate_loss,
+    check_config_section,
+    check_installed_plugin,
+    check_plugin,
+)
 
 
 def test_plugin_matches_the_specs():
@@ -41,7 +45,7 @@ def test_mode_sums_the_mean_loss_of_each_sequence(graft_plugin):
 
 
 def test_pairwise_advantages_ignore_scale_and_ties(graft_plugin):
-    from graft.rl.advantages import advantage_estimators, compute_advantages
+    from graft.testing import advantage_estimators, compute_advantages
 
     manager = graft_plugin(plugin, name="myfeature")
     cfg = graft.compose(["algorithm.advantage=pairwise", "rollout.n=3"], manager=manager)

@@ -6,17 +6,20 @@ from dataclasses import dataclass
 
 from graft.config import bounded, choice
 
-EXTRACT_ANY, EXTRACT_BOXED = "any", "boxed"
+EXTRACT_STRICT, EXTRACT_ANY, EXTRACT_BOXED = "strict", "any", "boxed"
 
 
 @dataclass
 class MathConfig:
     """The math reward's settings (``features.math``)."""
 
-    # Which part of a response is its answer. any: GSM8K's "#### N" when present, else the
-    # last \boxed{}, else LaTeX ($...$), else the last plain number or expression. boxed: only
-    # a \boxed{} answer counts (a response without one scores 0).
-    extract: str = choice(EXTRACT_ANY, (EXTRACT_ANY, EXTRACT_BOXED))
+    # Which part of a response is its answer. strict: GSM8K's "#### N", else the last
+    # \boxed{}, else what follows the last "answer is" / "Answer:" on its line, else the whole
+    # response when it is one number or $...$ expression (no answer: 0). any: math-verify's
+    # every candidate (LaTeX, then plain numbers and expressions); one equal to the ground
+    # truth scores 1, so a list of numbers that holds it does too. boxed: only a \boxed{}
+    # answer counts.
+    extract: str = choice(EXTRACT_STRICT, (EXTRACT_STRICT, EXTRACT_ANY, EXTRACT_BOXED))
     # math-verify's own limit, in whole seconds, on each parse and each comparison (signal
     # based: it applies in a process pool, algorithm.reward_pool=auto|process; in threads the
     # sample's limit is algorithm.reward_timeout_s alone).

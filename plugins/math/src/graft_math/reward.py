@@ -22,6 +22,12 @@ from graft.errors import DataError
 # GSM8K's final-answer line: "#### 1,234" (verl's gsm8k scorer reads the same).
 GSM8K_ANSWER = re.compile(r"####\s*(-?[0-9.,/]+)")
 BOXED = "\\boxed"
+# "The answer is", "Final answer:", "answer =" (the last one counts; what follows on its line is
+# the answer), as the math rewards of verl (math_dapo's "Answer:") and TRL (an anchor) read it.
+ANSWER_MARKER = re.compile(r"answer\s*(?:is\s*:?|:|=)", re.IGNORECASE)
+# A response that is nothing but one number, or one $...$ / \(...\) expression.
+LONE_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
+LONE_LATEX = re.compile(r"\$[^$]+\$|\\\(.+?\\\)", re.DOTALL)
 
 
 def gsm8k_answer(text: str) -> str | None:
@@ -50,10 +56,59 @@ def parse_gold(answer: str, timeout_s: int | None) -> list[Any]:
     return gold or parse(answer, [ExprExtractionConfig()], parsing_timeout=timeout_s)
 
 
+def last_boxed(text: str) -> str | None:
+    """The last ``\\boxed{...}`` of ``text`` (braces balanced), or None."""
+    start = text.rfind(BOXED + "{")
+    if start < 0:
+        return None
+    depth = 0
+    for end in range(start + len(BOXED), len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            return text[start:end + 1]
+    return None
+
+
+def strict_answer(response: str) -> tuple[str, bool] | None:
+    """The one answer of ``response`` (``extract=strict``) and whether it is LaTeX: GSM8K's
+    ``#### N``, else the last ``\\boxed{}``, else the rest of the line after the last answer
+    marker, else the whole response when it is one number or ``$...$`` expression."""
+    number = gsm8k_answer(response)
+    if number is not None:
+        return number, False
+    boxed = last_boxed(response)
+    if boxed is not None:
+        return boxed, True
+    markers = list(ANSWER_MARKER.finditer(response))
+    if markers:
+        return _after_marker(response[markers[-1].end():].split("\n", 1)[0])
+    whole = response.strip().rstrip(".")
+    if LONE_NUMBER.fullmatch(whole):
+        return whole.replace(",", ""), False
+    if LONE_LATEX.fullmatch(whole):
+        return whole, True
+    return None
+
+
+def _after_marker(rest: str) -> tuple[str, bool]:
+    """The answer at the start of ``rest`` (the line after an answer marker): a ``$...$`` or
+    ``\\(...\\)`` expression, else a number (a currency ``$`` before it dropped), else the
+    line read as LaTeX."""
+    rest = rest.strip().rstrip(".")
+    latex = LONE_LATEX.match(rest)
+    if latex is not None:
+        return latex.group(0), True
+    number = re.match(r"\$?\s*(" + LONE_NUMBER.pattern + ")", rest)
+    if number is not None:
+        return number.group(1).replace(",", ""), False
+    return (f"${rest}$", True) if rest else ("", False)
+
+
 def parse_response(response: str, extract: str, timeout_s: int | None) -> list[Any]:
-    """The response's answer: ``#### N`` when present (``extract=any``), else math-verify's
-    extraction (LaTeX with ``\\boxed{}`` first, then plain expressions); ``extract=boxed``
-    accepts only a ``\\boxed{}`` answer."""
+    """The response's answer as math-verify objects, by ``features.math.extract``: ``strict``
+    one answer (`strict_answer`); ``any`` ``#### N`` when present, else every candidate
+    math-verify extracts (LaTeX with ``\\boxed{}`` first, then plain expressions); ``boxed``
+    only a ``\\boxed{}`` answer."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
     if extract == "boxed":
@@ -61,6 +116,14 @@ def parse_response(response: str, extract: str, timeout_s: int | None) -> list[A
             return []
         return parse(response, [LatexExtractionConfig(boxed_match_priority=0)],
                      parsing_timeout=timeout_s)
+    if extract == "strict":
+        found = strict_answer(response)
+        if found is None or not found[0]:
+            return []
+        text, latex = found
+        configs = ([LatexExtractionConfig(boxed_match_priority=0)] if latex
+                   else [ExprExtractionConfig(), LatexExtractionConfig()])
+        return parse(text, configs, extraction_mode="first_match", parsing_timeout=timeout_s)
     number = gsm8k_answer(response)
     if number is not None:
         return parse(number, [ExprExtractionConfig()], parsing_timeout=timeout_s)

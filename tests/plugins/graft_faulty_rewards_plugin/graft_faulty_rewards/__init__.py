@@ -1,0 +1,1 @@
+"""Rewards that fail, for the tests of algorithm.reward_errors."""
