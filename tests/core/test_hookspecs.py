@@ -35,7 +35,7 @@ def test_firstresult_specs_say_so_and_others_do_not_claim_it() -> None:
 
 def test_hook_specs_are_the_design_table() -> None:
     assert set(hook_specs()) == {
-        "graft_config_sections", "graft_model_families", "graft_pre_shard",
+        "graft_config_sections", "graft_config_rules", "graft_model_families", "graft_pre_shard",
         "graft_prepare_inputs", "graft_loss_aggregate", "graft_export_slots",
         "graft_ckpt_load", "graft_step_begin", "graft_step_end",
         # added for the loss registries (docs/design.md lists them)

@@ -112,6 +112,24 @@ def graft_parallel_dims(cfg: Any) -> dict[str, int] | None:
     `graft.engine.active_shard` is set. Must not mutate anything. Not ``firstresult``."""
 
 
+@hookspec
+def graft_config_rules() -> list[Any]:
+    """Declare cross-field config rules: functions that check (or fit) the composed config.
+
+    When: once per composed config, after types, choices and ranges are checked (``graft train``
+    before any rank starts, ``graft config show/check``, `graft.config.compose`). Who: the core's
+    packages and any plugin whose settings depend on others; every rank.
+
+    Return a list of functions. Each is called with the keywords it declares of ``cfg`` (the
+    root config, dataclasses), ``manager`` (the plugin manager) and ``user_keys`` (the dotted
+    keys the user set, in a file or an override; `graft.config.was_set` reads it). A rule raises
+    `graft.errors.ConfigError` naming the keys and the fix. A rule that declares ``user_keys``
+    may instead change a default the user did not set to what the rest of the config needs (a
+    default never conflicts with a choice): those rules run first, then the others, each group
+    in plugin order. Must not mutate anything else. Not ``firstresult``.
+    """
+
+
 # --------------------------------------------------------------------------------------------
 # Model build: after the bare model exists, before it is sharded.
 # --------------------------------------------------------------------------------------------

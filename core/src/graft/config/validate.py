@@ -62,11 +62,26 @@ DEFAULTS: tuple[Callable[[Any, GraftPluginManager, Collection[str]], None], ...]
     gspo_default_has_no_dual_clip, vllm_context_fits_the_model)
 
 
+def registered_rules(manager: GraftPluginManager) -> tuple[list[Callable[..., None]],
+                                                            list[Callable[..., None]]]:
+    """The ``graft_config_rules`` of every plugin: those that fit defaults (they declare
+    ``user_keys``), then the checks."""
+    import inspect
+
+    rules = [rule for found in manager.hook.graft_config_rules() for rule in found or ()]
+    fits = [r for r in rules if "user_keys" in inspect.signature(r).parameters]
+    return fits, [r for r in rules if r not in fits]
+
+
 def adjust_defaults(cfg: Any, manager: GraftPluginManager, user_keys: Collection[str]) -> None:
     """Fit the defaults the user left (every key not in ``user_keys``, dotted) to the settings
     around them, in place, before `validate_config` checks the rules."""
+    from graft.plugins.keywords import call_with_keywords
+
     for adjust in DEFAULTS:
         adjust(cfg, manager, user_keys)
+    for fit in registered_rules(manager)[0]:
+        call_with_keywords(fit, cfg=cfg, manager=manager, user_keys=user_keys)
 
 
 def group_estimator_needs_groups(cfg: Any, manager: GraftPluginManager) -> None:
@@ -148,6 +163,11 @@ RULES: tuple[Callable[[Any, GraftPluginManager], None], ...] = (
 
 
 def validate_config(cfg: Any, manager: GraftPluginManager) -> None:
-    """Run every rule on the composed config; the first broken one raises `ConfigError`."""
+    """Run every rule on the composed config (the core's, then the plugins'
+    ``graft_config_rules``); the first broken one raises `ConfigError`."""
+    from graft.plugins.keywords import call_with_keywords
+
     for rule in RULES:
         rule(cfg, manager)
+    for rule in registered_rules(manager)[1]:
+        call_with_keywords(rule, cfg=cfg, manager=manager)
