@@ -53,6 +53,11 @@ def test_hook_specs_are_the_design_table() -> None:
         "graft_environments",
         # added for sequence parallelism: a plugin sizes the sp mesh dimension (#28)
         "graft_parallel_dims",
+        # added so a plugin wraps every forward, backward and decode step (graft-exact, #37)
+        "graft_compute",
+        # added so the config is a leaf: each package registers the registries its choices
+        # name and graft train's pre-flight checks (#37)
+        "graft_config_choices", "graft_preflight",
     }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from graft import compose, hookimpl
-from graft.config.validate import was_set
+from graft.config import was_set
 from graft.errors import ConfigError
 from graft.plugins import GraftPluginManager
 
