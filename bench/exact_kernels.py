@@ -1,4 +1,4 @@
-"""Each ``rollout.exact`` kernel (graft.engine.exact) against the default kernel it replaces, at
+"""Each graft-exact kernel (``features.exact.enabled``) against the default kernel it replaces, at
 a 1.1B model's decode and training shapes (TinyLlama: hidden 2048, MLP 5632, 32 heads of 64, 4
 key/value heads, vocabulary 32000), bf16 on one GPU: the time of each (on the GPU as a CUDA
 graph replays it, as the decode loop pays it), their ratio, and whether each one's rows are
@@ -33,13 +33,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from graft_exact import exact_kernels
+from graft_exact.attention import exact_attention_forward
+from graft_exact.matmul import exact_mm
+from graft_exact.norm import _ExactRMSNorm, eager_rms_norm
+from graft_exact.reductions import exact_logsumexp, exact_silu
 from timing import graph_ms
-
-from graft.engine.exact import exact_kernels
-from graft.engine.exact.attention import exact_attention_forward
-from graft.engine.exact.matmul import exact_mm
-from graft.engine.exact.norm import _ExactRMSNorm, eager_rms_norm
-from graft.engine.exact.reductions import exact_logsumexp, exact_silu
 
 HIDDEN, MLP, VOCAB, HEADS, KV_HEADS, HEAD_DIM = 2048, 5632, 32000, 32, 4, 64
 LINEARS = {"q/o": (HIDDEN, HIDDEN), "k/v": (HIDDEN, KV_HEADS * HEAD_DIM),
@@ -84,7 +83,7 @@ def layouts(x: torch.Tensor, weight: torch.Tensor, device: torch.device,
     """On the GPU: each layout's time and whether they give the same bits."""
     if device.type != "cuda":
         return {}
-    from graft.engine.exact.triton_matmul import invariant_mm
+    from graft_exact.triton_matmul import invariant_mm
 
     whole = invariant_mm(x, weight, split=False)
     times = {"whole_ms": timed(lambda: invariant_mm(x, weight, split=False), device, repeats)}

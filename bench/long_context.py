@@ -17,9 +17,11 @@ Variants, each built from the core's own pieces:
                      no logits recomputed in backward); ``fused+...`` with the pieces below
   ``chunked+offload``   + graft-offload on the 32 blocks (its defaults; skipped when the
                      plugin is not installed)
-  ``chunked+tiled``     + tiled MLP (`graft.engine.tiled_mlp`, ``--mlp-chunk`` tokens)
+  ``chunked+tiled``     + tiled MLP (graft-activation-memory's `graft_activation_memory.tiled_mlp`,
+                     ``--mlp-chunk`` tokens; skipped, like the norms, when the plugin is not
+                     installed)
   ``chunked+tiled+norms``   + the blocks' norms recomputed in backward
-                     (`graft.engine.recomputed_norms`)
+                     (`graft_activation_memory.recomputed_norms`)
   ``chunked+tiled+groups``  + ``--every`` blocks per checkpoint (`graft.engine.checkpoint_groups`:
                      two-level, each block of a group checkpointed again in its replay)
   ``chunked+offload+tiled`` / ``chunked+offload+tiled+norms`` /
@@ -104,18 +106,23 @@ class Layout:
     def offload_available(self) -> bool:
         return importlib.util.find_spec("graft_offload") is not None
 
+    def memory_available(self) -> bool:
+        return importlib.util.find_spec("graft_activation_memory") is not None
+
     def use(self, *, offload: bool, mlp_chunk: int, every: int, norms: bool) -> None:
         """Per-block (``every`` 1) or grouped checkpoints, the MLP tiled or whole, the norms
         recomputed or not, the blocks routed through graft-offload or not."""
         from graft.engine.checkpoint_groups import GROUP_ATTRIBUTE, apply_checkpoint_groups
-        from graft.engine.recomputed_norms import (RECOMPUTED_ATTRIBUTE, apply_recomputed_norms,
-                                                   block_norms, final_norm)
-        from graft.engine.tiled_mlp import TILED_ATTRIBUTE, apply_tiled_mlp
 
         patched = [(block, GROUP_ATTRIBUTE) for block in self.blocks]
-        patched += [(block.mlp, TILED_ATTRIBUTE) for block in self.blocks]
-        norms_of = [*self.blocks, *final_norm(self.model)]
-        patched += [(norm, RECOMPUTED_ATTRIBUTE) for norm in block_norms(norms_of)]
+        if self.memory_available():
+            from graft_activation_memory.recomputed_norms import (
+                RECOMPUTED_ATTRIBUTE, apply_recomputed_norms, block_norms, final_norm)
+            from graft_activation_memory.tiled_mlp import TILED_ATTRIBUTE, apply_tiled_mlp
+
+            patched += [(block.mlp, TILED_ATTRIBUTE) for block in self.blocks]
+            norms_of = [*self.blocks, *final_norm(self.model)]
+            patched += [(norm, RECOMPUTED_ATTRIBUTE) for norm in block_norms(norms_of)]
         for module, attribute in patched:  # back to plain blocks, MLPs and norms
             if hasattr(module, attribute):
                 delattr(module, attribute)
@@ -197,6 +204,8 @@ def available(variant: str, layout: Layout) -> str | None:
     """Why ``variant`` cannot run here, or None."""
     if "offload" in variant and not layout.offload_available():
         return "graft-offload not installed"
+    if ("tiled" in variant or "norms" in variant) and not layout.memory_available():
+        return "graft-activation-memory not installed"
     if variant == "liger" and importlib.util.find_spec("liger_kernel") is None:
         return "liger-kernel not importable"
     if variant == "liger" and layout.device.type != "cuda":

@@ -10,7 +10,7 @@ skip; static = plus the static-cache decode copy, compiled by inductor (static-c
 Graft's own decode loop replaying the eager decode step from a CUDA graph); rows = static plus
 packed rows of at most 2048 tokens; graphs-rows = static-cudagraphs plus those rows; fused-rows
 = graphs-rows with the step's kernels fused by inductor, eager rounding kept (the default); exact
-= graphs-rows with ``rollout.exact=true`` (the batch-invariant kernels, per-step mismatch and
+= graphs-rows with ``features.exact.enabled=true`` (graft-exact: batch-invariant kernels, mismatch and
 exact fraction in its row, its step throughput over fused-rows' in ``exact_over_fused_rows``); flex
 = static plus FlexAttention for packed rows; every variant but default pins the settings
 `auto` would choose), then an SFT step through the last variant's engine on samples of the RL
@@ -73,11 +73,11 @@ VARIANTS = {
     "fused-rows": ["algorithm.old_logprobs=auto", "rollout.decode=static",
                    "rollout.decode_compile=cudagraphs", "rollout.decode_fuse_kernels=true",
                    "engine.max_tokens_per_row=2048", NO_COMPILE],
-    # fused-rows with rollout.exact: the batch-invariant kernels on both sides (graft.engine.exact;
+    # fused-rows with graft-exact: the batch-invariant kernels on both sides (graft_exact;
     # no fused decode kernels), the mismatch exactly 0 on every step
     "exact": ["algorithm.old_logprobs=auto", "rollout.decode=static",
               "rollout.decode_compile=cudagraphs", "rollout.decode_fuse_kernels=false",
-              "engine.max_tokens_per_row=2048", NO_COMPILE, "rollout.exact=true"],
+              "engine.max_tokens_per_row=2048", NO_COMPILE, "features.exact.enabled=true"],
     "flex": ["algorithm.old_logprobs=auto", "rollout.decode=static",
              "rollout.decode_compile=inductor",
              "model.attn_implementation=flex_attention", ONE_ROW, NO_COMPILE],
@@ -165,7 +165,7 @@ def rl_row(args: argparse.Namespace, variant: str, *, profile: dict[str, Any] | 
             "step_s_per_step": [round(r["step_time_s"], 4) for r in history],
             "tokens_per_step_each": [r["tokens"] for r in history],
             "train_infer_logprob_diff": mean(r["train_infer_logprob_diff"] for r in steady),
-            # every step, the warm-up included (rollout.exact: 0.0 and 1.0 on each)
+            # every step, the warm-up included (graft-exact: 0.0 and 1.0 on each)
             "train_infer_logprob_diff_per_step": [r["train_infer_logprob_diff"] for r in history],
             "train_infer_logprob_exact_fraction_per_step": [
                 r.get("train_infer_logprob_exact_fraction") for r in history],

@@ -31,6 +31,32 @@ SITES = {
 
 ENV_KEYS = ("GRAFT_PLUGINS", "GRAFT_DISABLE_PLUGINS", "GRAFT_TRACE_PLUGINS", "GRAFT_DEBUG")
 
+# Tests of code that differs between transformers versions (the KV-cache keyword renamed in
+# 5.24, checkpointing moved into the layer's forward in 5.23, fp32 parameters kept in 5.24, the
+# default runs' committed metrics): marked `transformers_versions`, so CI runs them on the oldest
+# tested transformers (README command 2, with vLLM) as well as on the newest (command 3, with
+# everything else). tests/test_repository.py checks that each file exists.
+TRANSFORMERS_VERSIONS = (
+    "tests/core/engine/test_activation_checkpointing.py",
+    "tests/core/engine/test_dtype_units.py",
+    "tests/core/models/test_kv_cache.py",
+    "tests/core/rollout/test_graphed_decode.py",
+    "tests/core/rollout/test_regional_compile.py",
+    "tests/core/training/test_reference_metrics.py",
+    "tests/deepseek_v4/test_model_path.py",
+    "tests/gpt_oss/test_family.py",
+    "tests/offload/test_offloader.py",
+    "tests/offload/test_patching.py",
+    "tests/router_replay/test_recorder.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests of `TRANSFORMERS_VERSIONS`."""
+    for item in items:
+        if item.path.relative_to(REPO).as_posix() in TRANSFORMERS_VERSIONS:
+            item.add_marker(pytest.mark.transformers_versions)
+
 
 def _pip(*args: str | Path) -> None:
     subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *map(str, args)],

@@ -151,7 +151,7 @@ def test_the_known_violations_list_only_shrinks() -> None:
 
 def test_the_scan_sees_every_plugin() -> None:
     files = {path.relative_to(REPO).parts[:2] for path in plugin_sources()}
-    for name in ("offload", "router_replay", "gpt_oss", "deepseek_v4", "calculator"):
+    for name in ("offload", "router_replay", "gpt_oss", "deepseek_v4", "calculator", "vllm"):
         assert ("plugins", name) in files
 
 

@@ -1,16 +1,16 @@
-"""GPU check of ``rollout.exact`` (#27) at small shapes, for one short device call.
+"""GPU check of ``features.exact.enabled`` (#27) at small shapes, for one short device call.
 
-1. ``gradients``: the Triton window attention (`graft.engine.exact.triton_attention`) inside
+1. ``gradients``: the Triton window attention (`graft_exact.triton_attention`) inside
    the exact kernels' mode, against SDPA: the output's largest difference and the gradients'
    relative errors (q, k, v), bf16 and fp32, a packed row of three samples.
 2. ``model_gradients``: a small Llama with the exact kernels installed against the same weights
    with SDPA, one forward + backward of a packed batch: every parameter has a gradient, and each
    gradient's relative error.
-3. ``experts``: the grouped Triton experts (`graft.engine.exact.triton_experts`, bf16) of a
+3. ``experts``: the grouped Triton experts (`graft_exact.triton_experts`, bf16) of a
    Qwen3-MoE layer (128 experts, top-8, hidden 2048) against transformers' eager loop: the
    largest difference, and whether the first token's output is bit-equal alone, in a batch of
    256 (a decode step) and of 4096 (a training micro-batch).
-4. ``rl``: ``graft train rollout.exact=true`` on the tiny dense and MoE presets on the GPU (the
+4. ``rl``: ``graft train features.exact.enabled=true`` on the tiny dense and MoE presets on the GPU (the
    static decode loop from CUDA graphs): each step's ``train_infer_logprob_diff`` and exact
    fraction (0.0 and 1.0 on every step), and the step times.
 
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from graft_exact import exact_kernels, install_exact_kernels
 
 import graft
-from graft.engine.exact import exact_kernels, install_exact_kernels
 
 RL_KEYS = ("train_infer_logprob_diff", "train_infer_logprob_exact_fraction", "loss",
            "grad_norm", "reward_mean", "response_length", "rollout_s", "update_s", "step_time_s")
@@ -44,7 +44,7 @@ def relative(got: torch.Tensor, expected: torch.Tensor) -> float:
 
 def attention_gradients(device: str, dtype: torch.dtype) -> dict[str, Any]:
     """The Triton attention against SDPA on one packed row (3 samples, GQA 8/2, head dim 64)."""
-    from graft.engine.exact.attention_grad import invariant_attention
+    from graft_exact.attention_grad import invariant_attention
 
     torch.manual_seed(0)
     segment = torch.tensor([0] * 100 + [1] * 300 + [2] * 112, device=device)
@@ -97,10 +97,9 @@ def experts_invariance(device: str, *, hidden_size: int = 2048, intermediate: in
                        dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
     """One MoE layer of Qwen3-30B-A3B's expert shapes (by default): Triton experts against
     eager, and each token's output bit-equal in every batch of ``batches`` tokens."""
+    from graft_exact.triton_experts import triton_experts_forward
     from transformers import AutoConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
-
-    from graft.engine.exact.triton_experts import triton_experts_forward
 
     config = AutoConfig.for_model("qwen3_moe", hidden_size=hidden_size,
                                   moe_intermediate_size=intermediate, num_experts=num_experts,
@@ -127,7 +126,7 @@ def experts_invariance(device: str, *, hidden_size: int = 2048, intermediate: in
 def rl_run(folder: Path, device: str, steps: int, preset: str) -> dict[str, Any]:
     rows = graft.train(overrides=[
         f"trainer.run_dir={folder}", f"engine.device={device}", f"model.preset={preset}",
-        "rollout.exact=true", "rollout.decode=static", "rollout.prompts_per_step=8", "rollout.n=4",
+        "features.exact.enabled=true", "rollout.decode=static", "rollout.prompts_per_step=8", "rollout.n=4",
         "rollout.max_new_tokens=24", f"trainer.total_steps={steps}", "checkpoint.every_steps=0",
         "checkpoint.save_at_end=false", "export.hf_at_end=false",
         "trainer.print_sample_every_steps=0"])

@@ -35,7 +35,7 @@ def test_firstresult_specs_say_so_and_others_do_not_claim_it() -> None:
 
 def test_hook_specs_are_the_design_table() -> None:
     assert set(hook_specs()) == {
-        "graft_config_sections", "graft_model_families", "graft_pre_shard",
+        "graft_config_sections", "graft_config_rules", "graft_model_families", "graft_pre_shard",
         "graft_prepare_inputs", "graft_loss_aggregate", "graft_export_slots",
         "graft_ckpt_load", "graft_step_begin", "graft_step_end",
         # added for the loss registries (docs/design.md lists them)
@@ -53,6 +53,11 @@ def test_hook_specs_are_the_design_table() -> None:
         "graft_environments",
         # added for sequence parallelism: a plugin sizes the sp mesh dimension (#28)
         "graft_parallel_dims",
+        # added so a plugin wraps every forward, backward and decode step (graft-exact, #37)
+        "graft_compute",
+        # added so the config is a leaf: each package registers the registries its choices
+        # name and graft train's pre-flight checks (#37)
+        "graft_config_choices", "graft_preflight",
     }
 
 

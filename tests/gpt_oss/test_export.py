@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from graft.config import ModelConfig
-from graft.export.context import VLLM_LAYOUT, ExportContext
+from graft.export.context import INFERENCE_LAYOUT, ExportContext
 from graft.export.handlers import enumerate_hf_slots, export_slots, meta_skeleton
 from graft.models import build_model
 from graft_gpt_oss.export import gpt_oss_expert_slots
@@ -39,7 +39,7 @@ def test_hf_checkpoint_gets_the_fused_experts_unchanged(tiny, ctx) -> None:
 def test_vllm_gets_each_expert_under_its_global_id(tiny, ctx) -> None:
     fused = tiny.state_dict()[f"{EXPERTS}.gate_up_proj"]  # (E, H, 2I), gate/up interleaved
     block = fused[4:]  # ep rank 1's block of 2
-    block_ctx = dataclasses.replace(ctx, consumer=VLLM_LAYOUT, expert_offset=4)
+    block_ctx = dataclasses.replace(ctx, consumer=INFERENCE_LAYOUT, expert_offset=4)
     slots = export_slots(f"{EXPERTS}.gate_up_proj", block, block_ctx)
     assert [name for name, _ in slots] == [f"{EXPERTS}.{i}.gate_up_proj" for i in range(4, 8)]
     for expert, (_, tensor) in enumerate(slots, start=4):
@@ -49,16 +49,16 @@ def test_vllm_gets_each_expert_under_its_global_id(tiny, ctx) -> None:
 def test_enumerate_hf_slots_for_each_consumer(ctx) -> None:
     args = (f"{EXPERTS}.down_proj_bias", (8, 64), torch.float32)
     assert enumerate_hf_slots(*args, ctx) == [(f"{EXPERTS}.down_proj_bias", (8, 64))]
-    per_expert = enumerate_hf_slots(*args, dataclasses.replace(ctx, consumer=VLLM_LAYOUT))
+    per_expert = enumerate_hf_slots(*args, dataclasses.replace(ctx, consumer=INFERENCE_LAYOUT))
     assert per_expert == [(f"{EXPERTS}.{i}.down_proj_bias", (64,)) for i in range(8)]
     router = enumerate_hf_slots("model.layers.0.mlp.router.bias", (8,), torch.float32,
-                                dataclasses.replace(ctx, consumer=VLLM_LAYOUT))
+                                dataclasses.replace(ctx, consumer=INFERENCE_LAYOUT))
     assert router == [("model.layers.0.mlp.router.bias", (8,))]
 
 
 def test_other_models_and_parameters_are_left_to_the_next_handler(ctx) -> None:
     tensor = torch.zeros(8, 4)
-    vllm = dataclasses.replace(ctx, consumer=VLLM_LAYOUT)
+    vllm = dataclasses.replace(ctx, consumer=INFERENCE_LAYOUT)
     assert gpt_oss_expert_slots(f"{EXPERTS}.down_proj", tensor,
                                 dataclasses.replace(vllm, model_type="qwen3_moe")) is None
     assert gpt_oss_expert_slots("model.layers.1.mlp.router.weight", tensor, vllm) is None

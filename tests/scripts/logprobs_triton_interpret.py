@@ -37,7 +37,7 @@ def check(dtype: torch.dtype, vocab: int) -> None:
     tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-2,
                                                                               "atol": 1e-3}
     torch.testing.assert_close(got, want, **tolerance)
-    # one program per row: a row's log-prob is the same bits alone (rollout.exact relies on it)
+    # one program per row: a row's log-prob is the same bits alone (graft-exact relies on it)
     alone, alone_lse = triton_forward(logits[3:4], labels[3:4], inv_t[3:4])
     assert torch.equal(alone, logp[3:4]) and torch.equal(alone_lse, lse[3:4])
 

@@ -32,7 +32,7 @@ def test_hook_sizes_sp_only_when_asked() -> None:
 @pytest.mark.parametrize(("overrides", "says"), [
     (["rollout.environment=calculator"], "rollout.environment='calculator'"),
     (["model.preset=tiny-gpt-oss", "engine.ep_size=2"], "engine.ep_size=2"),
-    (["rollout.exact=true"], "rollout.exact=true"),
+    (["features.exact.enabled=true"], "features.exact.enabled=true"),  # graft-exact's
 ])
 def test_settings_it_cannot_serve_are_config_errors(overrides: list[str], says: str) -> None:
     cfg = compose(["features.ulysses.sp_size=2", *overrides])

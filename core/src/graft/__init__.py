@@ -2,12 +2,14 @@
 
 Plugin authors need `hookimpl` (and `graft.config.choice`, `graft.testing`, and `TrainingJob`,
 the protocol a ``graft_trainer_modes`` factory's job follows); library users call
-`graft.config.compose` and the training API. Importing ``graft`` is cheap: no torch.
+`graft.config.compose` and the training API. Importing ``graft`` is cheap: no torch (the config
+is imported, to be told where the process's plugins are).
 """
 
 from typing import Any
 
 from graft._version import __version__
+from graft.config.hooks import use_process_manager
 from graft.hookspecs import hookimpl
 
 __all__ = ["Trainer", "TrainingJob", "__version__", "build_model", "compose", "hookimpl",
@@ -30,3 +32,14 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'graft' has no attribute {name!r}")
+
+
+def _process_plugin_manager() -> Any:
+    from graft.plugins import get_plugin_manager
+
+    return get_plugin_manager()
+
+
+# graft.config imports no other graft package: a config call given no plugin manager gets the
+# process's through this (the composition root), loaded on first use.
+use_process_manager(_process_plugin_manager)

@@ -12,7 +12,7 @@ for every hook:
   return None to pass ("this is not mine").
 * Hooks run on every rank unless a spec says otherwise, so an implementation must do the same
   thing on every rank (collectives inside a hook must be matched on all ranks).
-* Heavy imports (kernels, vLLM) belong inside the hook body, not at the plugin's module level.
+* Heavy imports (kernels, inference engines) belong inside the hook body, not at the plugin's module level.
 
 Sections follow one run: registration, model build, data, rollout, step, loss, checkpoint, export.
 """
@@ -57,7 +57,7 @@ def graft_config_sections() -> list[tuple[str, type]]:
 
 @hookspec
 def graft_auto_settings(cfg: Any, device_type: str) -> dict[str, Any] | None:
-    """Pin settings the user left to `auto` to the value this plugin needs (`graft.config.auto`).
+    """Pin settings the user left to `auto` to the value this plugin needs.
 
     When: once per run, at the trainer's start (the device known), before anything is built
     from the config. Who: any plugin; every rank. ``cfg`` is the
@@ -98,7 +98,7 @@ def graft_trainer_modes() -> dict[str, Any]:
     adding a kind of training (DPO, a reward-model trainer...); every rank.
 
     Return ``{name: factory}``; ``factory(*, cfg, tokenizer, env)`` (any subset of these
-    keywords) returns a `graft.training.job.TrainingJob` (``attach``, ``step``, ``state_dict``,
+    keywords) returns a `graft.TrainingJob` (``attach``, ``step``, ``state_dict``,
     ``load_state_dict``, ``close``). The core provides ``rl`` and ``sft``; two providers of one
     name is an error. Must not mutate anything. Not ``firstresult``.
     """
@@ -108,8 +108,61 @@ def graft_trainer_modes() -> dict[str, Any]:
 def graft_parallel_dims(cfg: Any) -> dict[str, int] | None:
     """Size a mesh dimension this plugin drives: ``{"sp": n}`` or None. When: the trainer's start,
     before the meshes; every rank. ``sp`` ranks then share each data-parallel rank's data and
-    split its rows (`graft.engine.sequence_parallel`); the plugin makes attention span them while
+    split its rows (`graft.engine.SequenceShard`); the plugin makes attention span them while
     `graft.engine.active_shard` is set. Must not mutate anything. Not ``firstresult``."""
+
+
+@hookspec
+def graft_config_rules() -> list[Any]:
+    """Declare cross-field config rules: functions that check (or fit) the composed config.
+
+    When: once per composed config, after types, choices and ranges are checked (``graft train``
+    before any rank starts, ``graft config show/check``, `graft.config.compose`). Who: the core's
+    packages and any plugin whose settings depend on others; every rank.
+
+    Return a list of functions. Each is called with the keywords it declares of ``cfg`` (the
+    root config, dataclasses), ``manager`` (the plugin manager) and ``user_keys`` (the dotted
+    keys the user set, in a file or an override; `graft.config.was_set` reads it). A rule raises
+    `graft.errors.ConfigError` naming the keys and the fix. A rule that declares ``user_keys``
+    may instead change a default the user did not set to what the rest of the config needs (a
+    default never conflicts with a choice): those rules run first, then the others, each group
+    in plugin order. Must not mutate anything else. Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_config_choices() -> dict[str, Any]:
+    """Declare the registries a config value may name (``graft.config.choice(..., registry=)``).
+
+    When: each time a config is validated, for every `choice` field that names a registry (its
+    value is checked against the registry's names). Who: the core's packages (``model_presets``,
+    ``policy_losses``, ``loss_agg_modes``, ``rewards``, ``advantage_estimators``,
+    ``trainer_modes``, ``rollout_engines``, ``environments``) and a plugin whose own section
+    has a choice of its own registry; every rank.
+
+    Return ``{registry: names}`` where ``names(*, manager)`` returns the names the registry holds
+    with the plugins of ``manager`` (cheap: no torch import); or ``{registry: (names, hint)}``,
+    where ``hint(*, manager)`` returns a sentence (starting with a space, or "") appended to the
+    error for a value that is none of them. Two plugins declaring one registry is a
+    `graft.errors.PluginError`. Must not mutate anything. Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_preflight(cfg: Any) -> None:
+    """Check what a run will load from this machine before any rank starts.
+
+    When: once per ``graft train``, in the launching process, after the config is composed and
+    validated and before torchrun starts ranks (or the run trains); not on the library path
+    (``graft.train(cfg)``), where loading reports the same errors. Who: the core (model
+    directory and weights, tokenizer files, dataset files, a writable run directory) and any
+    plugin that reads files its settings name. ``cfg`` is the root config.
+
+    Raise a `graft.errors.GraftError` (a `ConfigError` naming the setting and the fix), the one
+    loading itself would raise; return None when all is well. Must not mutate ``cfg`` or create
+    files that stay. Not ``firstresult``: every implementation runs, most recently registered
+    first (the core's checks last).
+    """
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,14 +203,14 @@ def graft_prepare_inputs(batch: dict[str, Any], pad_size: int, layout: Any, cfg:
     When: before every packed forward of the trainer (every micro-batch of every pass), after
     packing, the label roll and ``pad_to_length`` padding, before any sequence-parallel split;
     on every rank, for its own micro-batch. ``phase`` says which pass this is (see
-    `graft.engine.phase`): ``sft`` or ``update`` (forward + backward), ``old_logprobs`` (the
+    `graft.engine.Phase`): ``sft`` or ``update`` (forward + backward), ``old_logprobs`` (the
     policy's log-probs before the update), ``ref_logprobs`` (the frozen reference),
     ``rollout_logprobs`` (the trainer scores samples whose engine gave no log-probs).
     ``batch`` maps names (``input_ids``, ``labels``, ``loss_mask``, ``temperature``,
     ``position_ids``, RL extras, tensors kept by ``graft_post_forward``) to per-token ``(R, L,
     ...)`` tensors whose rows end with ``pad_size`` pad tokens (``pad_to_length``, the multiple
     of ``sp``; 0 without padding). ``layout`` is the
-    `graft.engine.micro_batch.PackedLayout` (where each sample sits; ``layout.pack`` places
+    micro-batch's packed layout (where each sample sits; ``layout.pack`` places
     per-sample tensors in the grid). ``shard`` (`graft.engine.SequenceShard`): the columns of
     every row this rank's forward computes (all without sequence parallelism; with it every
     tensor is cut to ``shard.local(tensor)`` after this hook); state armed for the forward
@@ -177,7 +230,7 @@ def graft_post_forward(batch: dict[str, Any], layout: Any, phase: str,
     When: after every packed forward of the trainer (same passes and ``phase`` values as
     ``graft_prepare_inputs``), before the loss and backward; on every rank, for its own
     micro-batch. ``batch`` holds the tensors the forward saw (``shard.local`` of each);
-    ``layout`` the `graft.engine.micro_batch.PackedLayout` (``layout.unpad`` gives one tensor
+    ``layout`` its packed layout (``layout.unpad`` gives one tensor
     per sample, without the pad); ``shard`` the `graft.engine.SequenceShard` it computed.
 
     Return ``{name: tensor}`` of per-token ``(R, shard.length, ...)`` tensors (the core gathers
@@ -185,6 +238,36 @@ def graft_post_forward(batch: dict[str, Any], layout: Any, phase: str,
     or None: later passes over it (the updates after an RL step's old-log-prob pass) find them
     in ``batch``. Must not mutate ``batch``. Two plugins returning one name is an error.
     Not ``firstresult``.
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Compute: around each step of the model's computation (the trainer's and the embedded rollout's).
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def graft_compute(step: str, phase: str, model: torch.nn.Module, cfg: Any) -> Any:
+    """Run one step of the model's computation inside a context of this plugin's.
+
+    When: around every packed forward and backward of the trainer and every step of the
+    embedded rollout engine's generation; on every rank that runs the step. ``step`` names it:
+    ``forward`` (a micro-batch to its log-probs), ``gradient``
+    (the loss's gradient the fused head takes inside that forward), ``backward``,
+    ``generate`` (transformers' ``generate``), ``prefill`` and ``decode`` (the decode loop's
+    prompt pass and one of its steps; on CUDA a decode step runs once to be recorded in a
+    CUDA graph, whose replays call no hook) and ``sample_logprobs`` (the sampled tokens'
+    log-probs from a step's logits). ``phase`` is the trainer's pass (`graft.engine.Phase`:
+    ``update``, ``old_logprobs``...) or ``rollout``; ``model`` the model computing (the policy,
+    the frozen reference or the rollout's inference copy); ``cfg`` the root config (None for
+    a decoder built outside a run).
+
+    Implement it as a wrapper only, ``@graft.hookimpl(wrapper=True)``: a generator that enters
+    its context, lets the step run at its ``yield`` and returns what the ``yield`` gave (``with
+    my_kernels(): return (yield)``); the step's exception is raised at the ``yield``. A plain
+    implementation is refused when the plugin registers: the core runs the step. Wrappers nest,
+    the last registered outermost. Must not mutate ``model`` or ``cfg``. ``firstresult``: the
+    result is the step's own (a wrapper may replace it).
     """
 
 
@@ -204,7 +287,7 @@ def graft_reward_functions() -> dict[str, Any]:
     (the ``data_source`` values ``algorithm.reward=auto`` scores with it; threads or worker
     processes). ``fn`` is called with keyword arguments and gets those it declares of
     ``response`` (the decoded response, without special tokens), ``sample`` (the
-    `graft.data.tasks.TextSample` it answers: ``prompt``, ``answer``, ``data_source``,
+    sample it answers: ``prompt``, ``answer``, ``data_source``,
     ``extra_info``, ``origin``) and ``cfg`` (the root config); it returns a number. It runs in
     a pool of ``algorithm.reward_workers`` threads or processes, each sample within
     ``algorithm.reward_timeout_s``. A function needing any other argument is refused when the
@@ -220,7 +303,7 @@ def graft_advantage_estimators() -> dict[str, Any]:
     When: once per process, when the config is validated and when an RL run starts. Who:
     plugins adding an estimator; every rank.
 
-    Return ``{name: estimator}``: a `graft.rl.advantages.AdvantageEstimator` (its ``compute``
+    Return ``{name: estimator}``: a `graft.rl.AdvantageEstimator` (its ``compute``
     and the smallest ``rollout.n`` it works with) or a plain function.
     ``compute(*, rewards, group_size, cfg)`` (keyword arguments; any subset) gets this rank's
     rewards ``(N,)`` float64, consecutive groups of ``group_size`` samples of one prompt, and the
@@ -238,10 +321,10 @@ def graft_rollout_engines() -> dict[str, Any]:
     plugins adding a generator (an inference server client, SGLang...); every rank.
 
     Return ``{name: factory}``; ``factory(*, cfg, engine, env, run_dir, tokenizer)`` (any subset)
-    builds a `graft.rollout.types.RolloutEngine` from the root config, the trainer's
-    `graft.engine.train_engine.TrainEngine`, the `graft.engine.distributed.DistEnv`, the run
-    directory and the tokenizer. The core provides ``embedded`` and ``vllm``; two providers of
-    one name is an error. Must not mutate anything. Not ``firstresult``.
+    builds a `graft.rollout.RolloutEngine` from the root config, the trainer's engine (its
+    ``model``, ``compute_dtype``, ``family``), the `graft.engine.DistEnv`, the run directory and
+    the tokenizer. The core provides ``embedded`` (graft-vllm adds ``vllm``); two
+    providers of one name is an error. Must not mutate anything. Not ``firstresult``.
     """
 
 
@@ -257,15 +340,15 @@ def graft_rollout_begin(engine: str, rollout: Any, model: Any, cfg: Any) -> None
     """Generation of one RL step is about to start.
 
     When: every step, before the rollout engine generates; on every rank. ``engine`` is
-    ``rollout.engine`` (the engine's kind, e.g. ``embedded`` or ``vllm``); ``rollout`` the engine
-    object (`graft.rollout.types.RolloutEngine`: ``kind``, ``model``, ``llm``,
-    ``request_extras``); ``model`` is the model that will generate for the embedded engine (the
+    ``rollout.engine`` (the engine's kind: ``embedded``, or a plugin's, such as ``vllm``);
+    ``rollout`` the engine object (`graft.rollout.RolloutEngine`: ``kind``, ``model``,
+    ``llm``, ``request_extras``); ``model`` is the model that will generate for the embedded engine (the
     trainer's own, also ``rollout.model``), None for an external engine; ``cfg`` the root config.
 
     May mutate ``model`` by registering hooks that record per-token decisions during generation
     (routing replay records each router's top-k here) and must remove them in
     ``graft_rollout_end``; may call ``rollout.request_extras(name)`` for per-request outputs
-    the engine can return (vLLM's ``routed_experts``), which then arrive in each sample's
+    the engine can return (graft-vllm's ``routed_experts``), which then arrive in each sample's
     ``engine_extras``. Return value ignored. Not ``firstresult``.
     """
 
@@ -294,7 +377,7 @@ def graft_inference_copy(model: torch.nn.Module, trained: torch.nn.Module, cfg: 
     When: each time the copy's weights were refreshed from the trained model: once when the copy
     is built, then after every update (``rollout.decode=static``: every rank refreshes its own
     copy); before the copy generates. ``model`` is the copy
-    (`graft.rollout.inference_copy.InferenceCopy`: the trained model's architecture built again
+    (the trained model's architecture built again
     by transformers, unsharded, in the compute dtype, with the family's ``prepare_model`` but
     none of what ``graft_pre_shard`` installed); the same object comes back at every call. It now
     holds the trained model's weights as the optimizer left them (the masters). ``trained`` is
@@ -438,7 +521,7 @@ def graft_export_slots(
     or not) has it streamed as row blocks of the HF tensor, which the sink assembles; one that
     returns other tensors (per-expert names with global ids) has those streamed as they are.
     ``ctx`` is a `graft.export.ExportContext` (model type, expert offset, target dtype, and
-    ``consumer``: ``hf`` or ``vllm``, whose layout to produce).
+    ``consumer``: ``hf`` or ``inference``, whose layout to produce).
 
     ``firstresult``: return an iterable of ``(hf_name, tensor)`` pairs for a parameter your model
     family handles (fused experts split per expert with global ids, renamed keys), or None to

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from graft.config import compose
-from graft.config.preflight import preflight
+from graft.config.validate import preflight
 from graft.errors import ConfigError
 from graft.testing.chat import write_chat_checkpoint
 from graft.testing.checkpoint import save_tiny_checkpoint

@@ -121,16 +121,15 @@ def test_every_builtin_mode_and_sfts_loss(mode: str) -> None:
 
 
 def test_the_long_context_settings_on_fsdp2() -> None:
-    """With the settings that reach long sequences (activation checkpointing, tiled MLP,
-    recomputed norms, two blocks a checkpoint) on FSDP2, the fused head's gradients are the
-    chunked head's: the recomputed final norm gets the hidden states' gradient from the forward.
-    A fresh model for each path: the helpers zero the gradients after the forward, when
-    FSDP2's root holds its unsharded parameters, so a second path on the same model would add
-    to the first one's sharded gradients."""
+    """With the core's settings that reach long sequences (activation checkpointing, two blocks
+    a checkpoint) on FSDP2, the fused head's gradients are the chunked head's (with
+    graft-activation-memory's tiled MLP and recomputed norms too:
+    tests/activation_memory/test_plugin.py). A fresh model for each path: the helpers zero the
+    gradients after the forward, when FSDP2's root holds its unsharded parameters, so a second
+    path on the same model would add to the first one's sharded gradients."""
     env = init_distributed(device_preference="cpu")
     cfg = compose(["model.preset=tiny-llama", "engine.device=cpu",
-                   "engine.activation_checkpointing=true", "engine.mlp_chunk_tokens=16",
-                   "engine.recompute_norms=true", "engine.checkpoint_every_blocks=2"])
+                   "engine.activation_checkpointing=true", "engine.checkpoint_every_blocks=2"])
     runs = []
     for path in (unfused, fused):
         model, family = build_model(cfg.model, seed=0)

@@ -1,6 +1,6 @@
 """Export layouts, in process: row blocks (assembly, buckets, delta), per-expert names of fused
-tensors, the vLLM sink's name check, each sink's consumer and its own copy plan, handlers'
-views that tile a parameter planned as copies."""
+tensors, each sink's consumer and its own copy plan, handlers' views that tile a parameter
+planned as copies (graft-vllm's sink: tests/vllm)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from graft.export.handlers import _tile_offsets
 from graft.export.sinks.base import DeltaEntry, RowAssembler, RowBlock
 from graft.export.sinks.hf_dir import HFDirectorySink
 from graft.export.sinks.state_dict import StateDictSink
-from graft.export.sinks.vllm import VLLMSink, check_engine_shapes
 from graft.export.stream import WeightExporter, sink_consumer
 from graft.models import build_model
 
@@ -104,18 +103,13 @@ def test_delta_compares_per_expert_tensors_with_a_fused_snapshot() -> None:
     assert entry.rows.tolist() == [0] and torch.equal(entry.values, moved[:1])
 
 
-def test_vllm_sink_takes_the_experts_of_a_fused_tensor_by_name() -> None:
-    expected = {"m.experts.w": (8, 3, 2), "m.norm": (3,)}
-    check_engine_shapes({"m.experts.0.w": torch.zeros(3, 2), "m.norm": torch.zeros(3)}, expected)
-    with pytest.raises(GraftError, match=r"m.experts.8.w \(3, 2\) does not match"):
-        check_engine_shapes({"m.experts.8.w": torch.zeros(3, 2)}, expected)
-    with pytest.raises(GraftError, match=r"m.norm \(4,\) does not match"):
-        check_engine_shapes({"m.norm": torch.zeros(4)}, expected)
-
-
 def test_each_sink_names_its_consumer() -> None:
     assert sink_consumer(None) == sink_consumer(StateDictSink()) == "hf"
-    assert VLLMSink.consumer == "vllm"
+
+    class Engine(StateDictSink):
+        consumer = "inference"
+
+    assert sink_consumer(Engine()) == "inference"
 
     class Odd(StateDictSink):
         consumer = "onnx"
@@ -142,26 +136,26 @@ def test_hf_directory_assembles_row_blocks_and_refuses_missing_rows(tmp_path: Pa
 
 
 def test_each_consumer_gets_its_own_plan(graft_plugin) -> None:
-    class VLLMHeadName:
+    class EngineHeadName:
         @hookimpl
         def graft_export_slots(self, name, tensor, ctx):
-            if ctx.consumer == "vllm" and name == "lm_head.weight":
-                return [("vllm_head", tensor)]
+            if ctx.consumer == "inference" and name == "lm_head.weight":
+                return [("engine_head", tensor)]
             return None
 
-    class VLLMStateDict(StateDictSink):
-        consumer = "vllm"
+    class EngineStateDict(StateDictSink):
+        consumer = "inference"
 
-    graft_plugin(VLLMHeadName(), name="vllm-head-name")
+    graft_plugin(EngineHeadName(), name="engine-head-name")
     model, _ = build_model(ModelConfig(preset="tiny-llama"))
     exporter = WeightExporter(model, bucket_bytes=4 << 20, dtype=None, delta=False, is_main=True)
     assert exporter.copy_plan is not None  # a HF checkpoint: copies only
-    hf, vllm = StateDictSink(), VLLMStateDict()
+    hf, engine = StateDictSink(), EngineStateDict()
     exporter.export(hf)
-    exporter.export(vllm)  # the handler renames for this consumer
-    assert "lm_head.weight" in hf.weights and "vllm_head" not in hf.weights
-    assert set(vllm.weights) == set(hf.weights) - {"lm_head.weight"} | {"vllm_head"}
-    assert torch.equal(vllm.weights["vllm_head"], hf.weights["lm_head.weight"])
+    exporter.export(engine)  # the handler renames for this consumer
+    assert "lm_head.weight" in hf.weights and "engine_head" not in hf.weights
+    assert set(engine.weights) == set(hf.weights) - {"lm_head.weight"} | {"engine_head"}
+    assert torch.equal(engine.weights["engine_head"], hf.weights["lm_head.weight"])
 
 
 class RowSlices:

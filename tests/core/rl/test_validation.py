@@ -18,9 +18,10 @@ from graft import hookimpl
 from graft.config import compose
 from graft.data.dataset import Prompts
 from graft.data.tasks import TextSample
-from graft.rl.validation import Validator, pass_at_k, validation_due
+from graft.rl.validation import Validator, pass_at_k
 from graft.rollout.types import RolloutSample
 from graft.testing.chat import gsm8k_rows, messages_of, write_chat_checkpoint, write_verl_parquet
+from graft.training.job import validation_due
 
 TRAIN_ROWS, VAL_ROWS = gsm8k_rows(4, seed=1), gsm8k_rows(4, seed=2)
 QUIET = ("checkpoint.every_steps=0", "checkpoint.save_at_end=false", "export.hf_at_end=false",

@@ -1,5 +1,8 @@
 """Multi-turn episodes on the embedded engine (a tiny Llama on CPU): token in, token out; the
-loss covers the model's tokens only; a broken environment ends its episode, never the run."""
+loss covers the model's tokens only; a broken environment ends its episode, never the run.
+
+`check_ids_unchanged` and `check_two_ranks` take the engine: tests/vllm/test_episodes.py runs
+them with graft-vllm's."""
 
 from __future__ import annotations
 
@@ -91,11 +94,13 @@ def test_hook_graft_environments_adds_a_selectable_environment(graft_plugin) -> 
         compose(["rollout.environment=toolbx"])
 
 
-@pytest.mark.parametrize("engine", ["embedded", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_the_trainer_sees_the_generated_and_the_environments_ids_unchanged(
-        graft_plugin, request, tmp_path: Path, engine: str) -> None:
-    if engine == "vllm":
-        request.getfixturevalue("requires_vllm")
+        graft_plugin, tmp_path: Path) -> None:
+    check_ids_unchanged(graft_plugin, tmp_path, "embedded")
+
+
+def check_ids_unchanged(graft_plugin, tmp_path: Path, engine: str) -> None:
+    """The trainer's ids are the generated and the environment's, unchanged, with ``engine``."""
     graft_plugin(ToolboxPlugin(), name="toolbox")
     recorder = Recorder()
     graft_plugin(recorder, name="recorder")
@@ -293,16 +298,17 @@ def test_validation_runs_episodes_too(graft_plugin, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # torchrun, 2 gloo ranks, 2 steps (~10 s on 2 cores; vLLM ~65 s)
-@pytest.mark.parametrize("engine", ["embedded", pytest.param("vllm", marks=pytest.mark.vllm)])
-def test_every_rank_runs_the_busiest_ranks_turns(request, tmp_path: Path, engine: str) -> None:
+def test_every_rank_runs_the_busiest_ranks_turns(tmp_path: Path) -> None:
+    check_two_ranks(tmp_path, "embedded")
+
+
+def check_two_ranks(tmp_path: Path, engine: str) -> None:
     """Episodes of 1 turn on rank 0 and 3 on rank 1 (tests/scripts/episodes_two_ranks.py):
     rank 0 keeps generating for a stand-in while rank 1 finishes, or both would hang."""
     import json
     import subprocess
     import sys
 
-    if engine == "vllm":
-        request.getfixturevalue("requires_vllm")
     script = Path(__file__).resolve().parents[2] / "scripts" / "episodes_two_ranks.py"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node=2", str(script), str(tmp_path), engine],

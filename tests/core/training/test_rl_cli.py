@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 from statistics import mean
 
-import pytest
-
 SMALL = ("rollout.prompts_per_step=4", "rollout.n=4")
 
 
@@ -56,18 +54,6 @@ def test_interrupted_run_resumes_when_the_command_is_rerun(live_graft, metrics_o
     assert "resumed from" in second.stderr
     assert list(tmp_path.glob("runs/*")) == [run_dir], "same run directory, no new one"
     assert [r["step"] for r in metrics_of(run_dir)] == list(range(1, 13))
-
-
-@pytest.mark.vllm
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_rl_with_the_vllm_engine(graft_train, metrics_of, tmp_path: Path, requires_vllm: None,
-                                 nproc: int) -> None:
-    # one process: vLLM runs inside the trainer; two gloo ranks: in its own process on rank 0
-    graft_train(tmp_path, "rollout.engine=vllm", "trainer.total_steps=3", *SMALL,
-          "optim.lr=0.01", nproc=nproc)
-    rows = metrics_of(tmp_path)
-    assert all(r["weight_sync_s"] > 0 and r["weight_sync_mb"] > 0 for r in rows)
-    assert max(r["train_infer_logprob_diff"] for r in rows) < 1e-4
 
 
 def test_ranks_agree_on_the_micro_batch_count_when_the_planner_needs_more(graft_train,

@@ -20,7 +20,7 @@ from graft.config import compose
 from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.engine.micro_batch import TokenSample
 from graft.engine.phase import SFT
-from graft.export.context import VLLM_LAYOUT
+from graft.export import INFERENCE_LAYOUT
 from graft.export.gather import local_tensor
 from graft.export.sinks.state_dict import StateDictSink
 from graft.export.stream import WeightExporter
@@ -34,7 +34,7 @@ BUCKET = 16 << 10  # small: several buckets, expert blocks split across them
 class VLLMLayoutSink(StateDictSink):
     """A state dict in vLLM's loader layout (per-expert GPT-OSS tensors)."""
 
-    consumer = VLLM_LAYOUT
+    consumer = INFERENCE_LAYOUT
 
 
 def samples(rank: int, step: int) -> list[TokenSample]:

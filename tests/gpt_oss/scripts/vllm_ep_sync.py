@@ -29,11 +29,10 @@ from graft.engine.micro_batch import TokenSample
 from graft.engine.phase import OLD_LOGPROBS, SFT
 from graft.export.gather import local_tensor
 from graft.export.hf import hf_directory_sink
-from graft.export.sinks.vllm import VLLMSink
 from graft.export.stream import WeightExporter
-from graft.inference.vllm_engine import shutdown_engine, start_engine
 from graft.training.sft import sft_loss
 from graft.training.trainer import build_engine
+from graft_vllm import VLLMSink, shutdown_engine, start_engine
 
 PROMPTS = ([1, *range(10, 60)], [1, *range(70, 20, -1)])  # one per rank
 

@@ -43,11 +43,11 @@ def run(args: argparse.Namespace) -> int:
     use_short_openmp_spin()  # before anything imports torch
     with rank_errors_recorded():
         from graft.config import compose
-        from graft.config.preflight import preflight
+        from graft.config.validate import preflight
 
         manager = load_for(args)
         cfg = compose(args.overrides, args.config, manager=manager)
-        preflight(cfg)  # errors that need no ranks, found before torchrun starts them
+        preflight(cfg, manager)  # errors that need no ranks, found before torchrun starts them
         torchrun_args = [item for option in TORCHRUN_OPTIONS
                          if (value := getattr(args, _dest(option))) is not None
                          for item in (option, value)]

@@ -1,6 +1,11 @@
-"""Config: Hydra structured configs (dataclasses + OmegaConf), plugin sections, validation."""
+"""Config: Hydra structured configs (dataclasses + OmegaConf), plugin sections, validation.
+
+A leaf: it imports no other graft package; it reaches the plugins through the manager it is
+given (`graft.config.hooks`).
+"""
 
 from graft.config.compose import compose, schema_config, to_yaml
+from graft.config.keys import MOVED_KEYS, MovedKey, register_moved_key, was_set
 from graft.config.ranges import Range, bounded
 from graft.config.schema import (
     AlgorithmConfig,
@@ -26,7 +31,9 @@ __all__ = [
     "ExportConfig",
     "GraftConfig",
     "LossConfig",
+    "MOVED_KEYS",
     "ModelConfig",
+    "MovedKey",
     "OptimConfig",
     "Range",
     "RolloutConfig",
@@ -35,6 +42,8 @@ __all__ = [
     "bounded",
     "choice",
     "compose",
+    "register_moved_key",
     "schema_config",
     "to_yaml",
+    "was_set",
 ]

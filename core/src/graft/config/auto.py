@@ -20,8 +20,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from graft.config.hooks import PluginManager, each_result, plugin_manager
 from graft.errors import ConfigError
-from graft.plugins import GraftPluginManager, get_plugin_manager
 
 AUTO = "auto"
 
@@ -56,11 +56,11 @@ def is_auto(value: Any) -> bool:
 
 
 def resolve_auto(cfg: Any, device_type: str,
-                 manager: GraftPluginManager | None = None) -> tuple[Any, list[AutoChoice]]:
+                 manager: PluginManager | None = None) -> tuple[Any, list[AutoChoice]]:
     """``cfg`` with every `auto` setting of `CHOICES` replaced by its value for ``device_type``
     (``cuda``, ``cpu``...), or by the value a plugin pins (`graft_auto_settings`), and the
     choices made (the settings given explicitly are kept)."""
-    pins = plugin_pins(cfg, device_type, manager or get_plugin_manager())
+    pins = plugin_pins(cfg, device_type, plugin_manager(manager))
     chosen = []
     for key, (on_cuda, elsewhere) in CHOICES.items():
         section, name = key.split(".")
@@ -72,25 +72,20 @@ def resolve_auto(cfg: Any, device_type: str,
 
 
 def plugin_pins(cfg: Any, device_type: str,
-                manager: GraftPluginManager) -> dict[str, tuple[str, Any]]:
+                manager: PluginManager) -> dict[str, tuple[str, Any]]:
     """``{key: (plugin, value)}`` from every plugin's `graft_auto_settings`; a key that is no
     `auto` setting, or two plugins pinning one key to different values, is a `ConfigError`."""
     pins: dict[str, tuple[str, Any]] = {}
-    hook = manager.hook.graft_auto_settings
-    for impl in hook.get_hookimpls():
-        # one implementation at a time, through pluggy (traced), so a pin names its plugin
-        others = [i.plugin for i in hook.get_hookimpls() if i is not impl]
-        results = manager.pm.subset_hook_caller(hook.name, remove_plugins=others)(
-            cfg=cfg, device_type=device_type)
-        settings = (results[0] if results else None) or {}
-        for key, value in settings.items():
+    for plugin, settings in each_result(manager, "graft_auto_settings", cfg=cfg,
+                                        device_type=device_type):
+        for key, value in (settings or {}).items():
             if key not in CHOICES:
-                raise ConfigError(f"plugin {impl.plugin_name!r}: graft_auto_settings pins {key!r}, "
+                raise ConfigError(f"plugin {plugin!r}: graft_auto_settings pins {key!r}, "
                                   f"which is no auto setting (those are {', '.join(CHOICES)})")
             if key in pins and pins[key][1] != value:
-                raise ConfigError(f"plugins {pins[key][0]!r} and {impl.plugin_name!r} need {key} "
+                raise ConfigError(f"plugins {pins[key][0]!r} and {plugin!r} need {key} "
                                   f"= {pins[key][1]!r} and {value!r}; set {key} explicitly")
-            pins[key] = (impl.plugin_name, value)
+            pins[key] = (plugin, value)
     return pins
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graft.config.compose import compose
+from graft.config.hooks import PluginManager
 from graft.config.presets import available_presets
 from graft.errors import GraftError
-from graft.plugins import GraftPluginManager
 
 EXAMPLES = "examples"  # the folder of example configs in a checkout of Graft
 _SKIPPED_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist"}
@@ -54,7 +54,7 @@ class CheckSource:
     files: list[Path]
 
 
-def default_sources(manager: GraftPluginManager, cwd: Path | None = None) -> list[CheckSource]:
+def default_sources(manager: PluginManager, cwd: Path | None = None) -> list[CheckSource]:
     """Presets of Graft and of every loaded plugin (one source per folder), then the YAML files
     of ``examples/`` in ``cwd`` (the current folder by default) when there is one: run from a
     checkout of Graft, that is the repository's examples."""
@@ -69,7 +69,7 @@ def default_sources(manager: GraftPluginManager, cwd: Path | None = None) -> lis
     return sources
 
 
-def check_config_files(paths: Sequence[str | Path], manager: GraftPluginManager) -> list[CheckResult]:
+def check_config_files(paths: Sequence[str | Path], manager: PluginManager) -> list[CheckResult]:
     """Compose each file (or those of `default_sources` when ``paths`` is empty); collect errors."""
     files = (yaml_files(paths) if paths
              else [f for source in default_sources(manager) for f in source.files])

@@ -10,18 +10,18 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from graft.config.hooks import PluginManager, plugin_manager
 from graft.config.presets import resolve_config_file
 from graft.config.ranges import check_ranges
-from graft.config.registries import registry_names
+from graft.config.registries import registry_hint, registry_names
 from graft.config.sections import build_root_schema
 from graft.config.sources import apply_overrides, apply_yaml_file
 from graft.errors import ConfigError, did_you_mean
-from graft.plugins import GraftPluginManager, get_plugin_manager
 
 
-def schema_config(manager: GraftPluginManager | None = None) -> tuple[type, DictConfig]:
+def schema_config(manager: PluginManager | None = None) -> tuple[type, DictConfig]:
     """The root schema class and its default config (struct mode) for the loaded plugins."""
-    manager = manager or get_plugin_manager()
+    manager = plugin_manager(manager)
     schema = build_root_schema({n: s.schema for n, s in manager.config_sections.items()})
     cfg = OmegaConf.structured(schema)
     OmegaConf.set_struct(cfg, True)
@@ -29,13 +29,13 @@ def schema_config(manager: GraftPluginManager | None = None) -> tuple[type, Dict
 
 
 def compose(overrides: Sequence[str] = (), config_files: Sequence[str | Path] = (), *,
-            manager: GraftPluginManager | None = None) -> Any:
+            manager: PluginManager | None = None) -> Any:
     """Compose and validate the run config; return the root dataclass instance.
 
     ``config_files`` are YAML files or preset names, merged in order; ``overrides`` are Hydra
     override strings applied last. Raises `ConfigError` naming the offending key.
     """
-    manager = manager or get_plugin_manager()
+    manager = plugin_manager(manager)
     schema, cfg = schema_config(manager)
     hint = plugin_hint(manager)
     user_keys: set[str] = set()  # what the files and overrides set, as opposed to the defaults
@@ -46,7 +46,7 @@ def compose(overrides: Sequence[str] = (), config_files: Sequence[str | Path] = 
     return to_validated_object(cfg, manager, user_keys=user_keys)
 
 
-def to_validated_object(cfg: DictConfig, manager: GraftPluginManager, *,
+def to_validated_object(cfg: DictConfig, manager: PluginManager, *,
                         user_keys: Collection[str] = ()) -> Any:
     """Turn a composed DictConfig into dataclasses; check every `choice` field and every
     `bounded` field's range; fit the defaults of keys not in ``user_keys`` (the dotted keys the
@@ -67,7 +67,7 @@ def to_validated_object(cfg: DictConfig, manager: GraftPluginManager, *,
     return obj
 
 
-def valid_choices(f: dataclasses.Field, manager: GraftPluginManager) -> list[str] | None:
+def valid_choices(f: dataclasses.Field, manager: PluginManager) -> list[str] | None:
     """The values a `choice` field accepts (its fixed choices, then its registry's names), or
     None for a field that is not a choice."""
     if "choices" not in f.metadata:
@@ -79,7 +79,7 @@ def valid_choices(f: dataclasses.Field, manager: GraftPluginManager) -> list[str
     return valid
 
 
-def check_choices(obj: Any, manager: GraftPluginManager, prefix: str = "") -> None:
+def check_choices(obj: Any, manager: PluginManager, prefix: str = "") -> None:
     """Raise `ConfigError` for a field whose value is not among its declared choices, with a
     "did you mean" and the valid values."""
     for f in dataclasses.fields(obj):
@@ -93,10 +93,8 @@ def check_choices(obj: Any, manager: GraftPluginManager, prefix: str = "") -> No
             continue
         message = (f"config key {dotted!r} is {value!r}.{did_you_mean(str(value), valid)} "
                    f"Valid values: {', '.join(valid)}.")
-        if f.metadata.get("registry") == "loss_agg_modes":
-            from graft.losses.registry import agg_mode_hint
-
-            message += agg_mode_hint(manager)
+        if f.metadata.get("registry"):
+            message += registry_hint(f.metadata["registry"], manager)
         raise ConfigError(message)
 
 
@@ -105,7 +103,7 @@ def to_yaml(obj: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(obj))
 
 
-def plugin_hint(manager: GraftPluginManager) -> str:
+def plugin_hint(manager: PluginManager) -> str:
     """A sentence about plugins that are installed but not loaded, for unknown-section errors."""
     inactive = [f"{r.name} ({r.status})" for r in manager.records.values()
                 if r.status in ("disabled", "failed")]

@@ -2,20 +2,73 @@
 
 Hydra and OmegaConf reject an unknown key in a dataclass node, but accept ``+section.newkey=...``
 and say little about the right spelling. Every key the user writes (command line or YAML) goes
-through `check_key` first, whatever its prefix.
+through `check_key` first, whatever its prefix, after `check_moved` (keys that moved elsewhere,
+`MOVED_KEYS`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from graft.errors import ConfigError, did_you_mean
 
+
+@dataclass(frozen=True)
+class MovedKey:
+    """Where a config key that left its section went: ``new`` (a dotted key), ``default`` (the
+    old key's default: a config.yaml saved by an earlier version lists it, asking for nothing),
+    ``provider`` (the distribution that now holds the key, when it left the core)."""
+
+    new: str
+    default: Any
+    provider: str = ""
+
+
+# Old dotted key -> where it went. The core lists what left it; a plugin that moves one of its
+# own keys adds it with `register_moved_key` (from its plugin module).
+MOVED_KEYS: dict[str, MovedKey] = {
+    "engine.mlp_chunk_tokens": MovedKey("features.activation_memory.mlp_chunk_tokens", 0,
+                                        "graft-activation-memory"),
+    "engine.recompute_norms": MovedKey("features.activation_memory.recompute_norms", False,
+                                       "graft-activation-memory"),
+    "rollout.gpu_memory_utilization": MovedKey("features.vllm.gpu_memory_utilization", 0.3,
+                                               "graft-vllm"),
+    "rollout.max_model_len": MovedKey("features.vllm.max_model_len", 1024, "graft-vllm"),
+    "rollout.exact": MovedKey("features.exact.enabled", False, "graft-exact"),
+}
+
+
+def register_moved_key(old: str, new: str, *, default: Any, provider: str = "") -> None:
+    """Make the dotted key ``old`` a `ConfigError` naming ``new`` (see `MovedKey`); for a
+    plugin that renames or moves one of its keys, called when its plugin module is imported."""
+    MOVED_KEYS[old] = MovedKey(new, default, provider)
+
+
+def check_moved(dotted: str, value: Any, *, source: str) -> bool:
+    """`ConfigError` naming the new key when ``dotted`` is a key of `MOVED_KEYS` set to anything
+    but its old default; True when it is set to that default (the caller drops it: earlier
+    versions saved every key with the run), False for a key that did not move."""
+    moved = MOVED_KEYS.get(dotted)
+    if moved is None:
+        return False
+    if value == moved.default:
+        return True
+    provider = f" (installed with {moved.provider})" if moved.provider else ""
+    raise ConfigError(f"config key {dotted!r} ({source}) moved: set {moved.new!r}{provider} "
+                      f"instead")
+
+
+def was_set(key: str, user_keys: Collection[str]) -> bool:
+    """True when the user gave ``key`` (dotted) a value in a config file or an override, itself
+    or through a section above it; False when it holds the schema's default. ``user_keys`` is
+    what a ``graft_config_rules`` rule declaring it receives."""
+    return key in user_keys or any(key.startswith(f"{k}.") for k in user_keys)
 
 def is_open_mapping(node: Any) -> bool:
     """True for a ``Dict[...]`` field: any key is allowed below it."""

@@ -6,13 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from graft.config.hooks import PluginManager
 from graft.errors import ConfigError, did_you_mean
-from graft.plugins import GraftPluginManager
 
 CORE_PRESETS = Path(__file__).resolve().parent.parent / "presets"
 
 
-def preset_dirs(manager: GraftPluginManager) -> list[Path]:
+def preset_dirs(manager: PluginManager) -> list[Path]:
     """Preset folders of graft and of every loaded plugin, in that order."""
     dirs = [CORE_PRESETS]
     for record in manager.records.values():
@@ -27,7 +27,7 @@ def preset_dirs(manager: GraftPluginManager) -> list[Path]:
     return dirs
 
 
-def available_presets(manager: GraftPluginManager) -> dict[str, Path]:
+def available_presets(manager: PluginManager) -> dict[str, Path]:
     """Preset name -> file, for every preset folder (the first folder wins a name clash)."""
     found: dict[str, Path] = {}
     for folder in preset_dirs(manager):
@@ -36,7 +36,7 @@ def available_presets(manager: GraftPluginManager) -> dict[str, Path]:
     return found
 
 
-def resolve_config_file(item: str | Path, manager: GraftPluginManager) -> Path:
+def resolve_config_file(item: str | Path, manager: PluginManager) -> Path:
     """A config file path as given, or the file of the preset named ``item``."""
     path = Path(item)
     if path.suffix in (".yaml", ".yml") or path.exists():

@@ -154,8 +154,9 @@ class EngineConfig:
     activation_checkpointing: bool = False
     # Decoder blocks per activation checkpoint (with activation_checkpointing): 1 = one
     # checkpoint per block (transformers' own); k > 1 keeps only every k-th block's input for
-    # backward (fewer boundaries, k blocks recomputed together: tile the MLP so their working set
-    # stays small). graft.engine.checkpoint_groups.
+    # backward (fewer boundaries, k blocks recomputed together: tile the MLP, graft-activation-
+    # memory's features.activation_memory.mlp_chunk_tokens, so their working set stays small).
+    # graft.engine.checkpoint_groups.
     checkpoint_every_blocks: int = bounded(1, ge=1, note="1: a checkpoint per decoder block")
     # Compute the log-probs (and entropy) from the last hidden states this many tokens at a time,
     # forward and backward, never holding the tokens x vocab logits (graft.engine.chunked_head);
@@ -168,14 +169,6 @@ class EngineConfig:
     # run's losses and gradients bit-identical on CPU. Other losses (GSPO), sequence
     # parallelism and plugin aggregations take the chunked head's backward.
     fuse_loss_into_head: bool = True
-    # Run each dense decoder MLP on this many tokens at a time in training, recomputing each
-    # chunk in backward, so a block's backward never holds its tokens x intermediate_size
-    # activations (graft.engine.tiled_mlp); 0: the whole sequence at once. MoE layers stay whole.
-    mlp_chunk_tokens: int = bounded(0, ge=0, note="0: the MLP over the whole sequence")
-    # Recompute each decoder block's norms (RMSNorm/LayerNorm) in backward instead of keeping
-    # their fp32 intermediates: a norm then keeps only its input (graft.engine.recomputed_norms);
-    # the same values (fp32 gradients within rounding), one more norm forward in backward.
-    recompute_norms: bool = False
     # Token budget of one packed micro-batch (per rank).
     max_tokens_per_micro_batch: int = bounded(4096, ge=1)
     # Pack a micro-batch's samples into rows of at most this many tokens (0: one row). Attention
@@ -258,8 +251,8 @@ class ExportConfig:
 class RolloutConfig:
     """Generation for RL."""
 
-    # embedded: the trainer's own model (batched HF generation with a KV cache); vllm: a vLLM
-    # engine whose weights are updated from the trainer after every step; or a plugin's.
+    # embedded: the trainer's own model (batched HF generation with a KV cache); or a plugin's
+    # (graft-vllm: vllm, a vLLM engine whose weights follow the trainer, features.vllm).
     engine: str = choice("embedded", registry="rollout_engines")
     # Samples per prompt (the group of GRPO / RLOO).
     n: int = bounded(8, ge=1)
@@ -293,18 +286,6 @@ class RolloutConfig:
     # 43 s after a fresh process started there, 27 s with a filled compile cache. false:
     # capture the eager kernels.
     decode_fuse_kernels: bool = True
-    # Exact on-policy sampling: the trainer's forward and the embedded engine's prefill and
-    # decode steps compute every token's logits with batch-invariant kernels (graft.engine.exact:
-    # fixed-tile products, attention over each query's own key window, pairwise-tree
-    # reductions), so the rollout's sampling log-probs equal the trainer's bit for bit
-    # (train_infer_logprob_diff 0.0, train_infer_logprob_exact_fraction 1.0). Needs
-    # rollout.engine=embedded and a model of full causal attention (a ConfigError names what
-    # cannot be served); turns decode_fuse_kernels off. Costs: README.md, bench/README.md.
-    exact: bool = False
-    # vLLM only: fraction of GPU memory for weights and KV cache; context length (at most the
-    # model's max_position_embeddings; the default is lowered to it).
-    gpu_memory_utilization: float = bounded(0.3, gt=0.0, le=1.0)
-    max_model_len: int = bounded(1024, ge=1)
     # Multi-turn episodes with an environment plugin's tools (graft_environments; graft
     # plugins lists them), on any rollout engine; none = one response per prompt.
     environment: str = choice("none", ("none",), registry="environments")

@@ -14,7 +14,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from graft.config.keys import check_key, describe_type, field_type, is_open_mapping
+from graft.config.keys import check_key, check_moved, describe_type, field_type, is_open_mapping
 from graft.errors import ConfigError
 
 COMMAND_LINE = "the command line"
@@ -60,8 +60,11 @@ def leaf_keys(value: Any, prefix: str = "") -> list[str]:
 
 def _check_mapping(cfg: DictConfig, data: dict[Any, Any], prefix: str,
                    source: Callable[[str], str], plugin_hint: str) -> None:
-    for key, value in data.items():
+    for key, value in list(data.items()):
         dotted = f"{prefix}{key}"
+        if check_moved(dotted, value, source=source(dotted)):
+            del data[key]  # a moved key at its old default (a config.yaml of an earlier version)
+            continue
         if check_key(cfg, dotted, source=source(dotted), plugin_hint=plugin_hint):
             continue
         node = OmegaConf.select(cfg, dotted, default=None)
@@ -105,6 +108,8 @@ def apply_overrides(cfg: DictConfig, schema: type, overrides: Sequence[str], *,
             raise ConfigError(f"the override {text!r} is a sweep; Graft runs one config at a time "
                               f"(quote a list value: key=[a,b])")
         key = override.key_or_group
+        if check_moved(key, override.value(), source=COMMAND_LINE):
+            continue
         in_open_mapping = check_key(cfg, key, source=COMMAND_LINE, plugin_hint=plugin_hint)
         if override.type == OverrideType.DEL:
             _delete(cfg, key, in_open_mapping)

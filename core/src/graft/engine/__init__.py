@@ -18,6 +18,12 @@ module (which imports torch) on first access.
 * Which pass a forward belongs to (the ``phase`` of ``graft_prepare_inputs`` and
   ``graft_post_forward``): `Phase`, `PHASES`, `ROLLOUT_LOGPROBS`, `OLD_LOGPROBS`,
   `REF_LOGPROBS`, `UPDATE`, `SFT`.
+* Token-chunked autograd functions (the core's chunked head, a plugin's tiled module
+  forward): `token_chunks` (the chunks' slices), `add_chunk_grads` (parameter gradients summed
+  over the chunks in fp32) and `cast_like` (the sums back in the parameters' dtypes).
+* This process's place in the run, for a plugin's rollout engine or sink: `DistEnv` (rank,
+  world size, device, meshes) and `broadcast_object` (rank 0's small picklable value on every
+  rank).
 
 Everything else under ``graft.engine.*`` is the core's own and may change without notice.
 """
@@ -26,7 +32,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# Imported here, not on first access: the function `token_chunks` would otherwise lose its name
+# to its module once anything imports `graft.engine.token_chunks` (the module imports no torch).
+from graft.engine.token_chunks import add_chunk_grads, cast_like, token_chunks
+
 if TYPE_CHECKING:
+    from graft.engine.distributed import DistEnv, broadcast_object
     from graft.engine.expert_parallel import (
         apply_expert_parallel,
         combine_tokens,
@@ -62,15 +73,19 @@ __all__ = [
     "ROLLOUT_LOGPROBS",
     "SFT",
     "UPDATE",
+    "DistEnv",
     "ParallelMeshes",
     "Phase",
     "SequenceShard",
     "active_shard",
+    "add_chunk_grads",
     "apply_activation_checkpointing",
     "apply_compile",
     "apply_expert_parallel",
     "apply_fsdp",
     "apply_pre_shard_hooks",
+    "broadcast_object",
+    "cast_like",
     "combine_tokens",
     "dispatch_tokens",
     "grouped_linear",
@@ -78,9 +93,11 @@ __all__ = [
     "mixed_precision_policy",
     "parallelize_standard",
     "shard_experts",
+    "token_chunks",
 ]
 
 _MODULE_OF = {
+    **dict.fromkeys(["DistEnv", "broadcast_object"], "graft.engine.distributed"),
     **dict.fromkeys(["apply_expert_parallel", "combine_tokens", "dispatch_tokens",
                      "grouped_linear", "local_expert_weight", "shard_experts"],
                     "graft.engine.expert_parallel"),

@@ -9,8 +9,7 @@ from typing import Any
 import torch
 
 from graft.engine.chunked_head import chunked_head_logprobs
-from graft.engine.exact import exact_kernels
-from graft.engine.fused_head_loss import TokenLoss, fused_head_loss
+from graft.engine.fused_head_loss import GradientRunner, TokenLoss, fused_head_loss
 from graft.engine.logprobs import token_entropy, token_logprobs
 from graft.engine.micro_batch import MicroBatch
 from graft.models.family import ModelFamily
@@ -18,37 +17,42 @@ from graft.models.family import ModelFamily
 
 def forward_logprobs(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch, *,
                      compute_dtype: torch.dtype, with_entropy: bool = False,
-                     chunk_tokens: int = 0, exact: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     chunk_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability of every label, ``(R, L)`` fp32, and optionally the entropy.
 
     ``compute_dtype`` is the dtype the model computes in (bf16 under mixed precision); masks
     built for packed rows use it. ``chunk_tokens`` (``engine.logprob_chunk_tokens``) > 0 never
     forms the ``tokens x vocab`` logits: the model's head runs on that many tokens at a time
-    (`graft.engine.chunked_head`); 0 takes the whole logits from the model. ``exact``
-    (``rollout.exact``) runs it all with the exact kernels (`graft.engine.exact`), as the
-    embedded rollout engine does.
+    (`graft.engine.chunked_head`); 0 takes the whole logits from the model.
     """
-    with exact_kernels(exact):
-        return _logprobs(model, family, batch, compute_dtype=compute_dtype,
-                         with_entropy=with_entropy, chunk_tokens=chunk_tokens)
+    t = batch.tensors
+    if chunk_tokens > 0:
+        return chunked_head_logprobs(output_head(model),
+                                     _last_hidden(model, family, batch, compute_dtype),
+                                     t["labels"], t["temperature"], chunk_tokens=chunk_tokens,
+                                     with_entropy=with_entropy,
+                                     params=head_parameters(model))
+    logits = model(**_model_inputs(model, family, batch, compute_dtype)).logits
+    logp = token_logprobs(logits, t["labels"], t["temperature"])
+    entropy = token_entropy(logits, t["temperature"]) if with_entropy else None
+    return logp, entropy
 
 
 def forward_fused_loss(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch,
                        token_loss: TokenLoss, *, compute_dtype: torch.dtype,
-                       with_entropy: bool = False, chunk_tokens: int, exact: bool = False
+                       with_entropy: bool = False, chunk_tokens: int,
+                       gradient: GradientRunner | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """`forward_logprobs` with the loss's gradient taken in the chunked head
     (`graft.engine.fused_head_loss`): the log-probs and entropy (detached, the same values)
     and the micro-batch's loss, ``token_loss`` summed over every token, whose backward carries
-    the gradients. ``chunk_tokens`` must be > 0."""
-    with exact_kernels(exact):
-        t = batch.tensors
-        return fused_head_loss(output_head(model), _last_hidden(model, family, batch,
-                                                                compute_dtype),
-                               t["labels"], t["temperature"], token_loss,
-                               chunk_tokens=chunk_tokens, with_entropy=with_entropy,
-                               params=head_parameters(model))
+    the gradients. ``chunk_tokens`` must be > 0; ``gradient`` runs each chunk's gradient
+    (the trainer's: inside the plugins' ``graft_compute``, step ``gradient``)."""
+    t = batch.tensors
+    return fused_head_loss(output_head(model), _last_hidden(model, family, batch, compute_dtype),
+                           t["labels"], t["temperature"], token_loss, chunk_tokens=chunk_tokens,
+                           with_entropy=with_entropy, params=head_parameters(model),
+                           gradient=gradient)
 
 
 def _last_hidden(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch,
@@ -68,22 +72,6 @@ def _model_inputs(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch
         mask = family.packed_attention_mask(model.config, t["position_ids"], compute_dtype)
     return dict(input_ids=t["input_ids"], position_ids=t["position_ids"], attention_mask=mask,
                 use_cache=False)
-
-
-def _logprobs(model: torch.nn.Module, family: ModelFamily, batch: MicroBatch, *,
-              compute_dtype: torch.dtype, with_entropy: bool,
-              chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    t = batch.tensors
-    if chunk_tokens > 0:
-        return chunked_head_logprobs(output_head(model),
-                                     _last_hidden(model, family, batch, compute_dtype),
-                                     t["labels"], t["temperature"], chunk_tokens=chunk_tokens,
-                                     with_entropy=with_entropy,
-                                     params=head_parameters(model))
-    logits = model(**_model_inputs(model, family, batch, compute_dtype)).logits
-    logp = token_logprobs(logits, t["labels"], t["temperature"])
-    entropy = token_entropy(logits, t["temperature"]) if with_entropy else None
-    return logp, entropy
 
 
 @contextmanager

@@ -18,11 +18,11 @@ gradients.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from graft.engine.chunked_head import Head, _chunk_forward, _chunk_grad, head_arguments
-from graft.engine.exact.mode import ordinary_kernels
 from graft.engine.head_grads import chunk_head_grads, linear_head_weight
 from graft.engine.token_chunks import cast_like, token_chunks
 
@@ -30,6 +30,13 @@ from graft.engine.token_chunks import cast_like, token_chunks
 # their fp32 log-probs ``logp`` (which require grad), as a scalar, already weighted by the
 # aggregation; the sum over all chunks is the micro-batch's loss.
 TokenLoss = Callable[[slice, torch.Tensor], torch.Tensor]
+# gradient(run): ``run()``, a chunk's gradient computation, in the caller's context and its
+# result (the trainer's runs it inside the plugins' graft_compute, step ``gradient``)
+GradientRunner = Callable[[Callable[[], Any]], Any]
+
+
+def _run(run: Callable[[], Any]) -> Any:
+    return run()
 
 
 def _logp_gradient(token_loss: TokenLoss, part: slice, logp: torch.Tensor
@@ -47,7 +54,8 @@ class _FusedHeadLoss(torch.autograd.Function):
     def forward(ctx: torch.autograd.function.FunctionCtx, hidden: torch.Tensor,
                 labels: torch.Tensor, inv_temperature: torch.Tensor, head: Head,
                 chunk_tokens: int, with_entropy: bool, token_loss: TokenLoss,
-                *params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                gradient: GradientRunner, *params: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         num_tokens = hidden.shape[0]
         logp = torch.empty(num_tokens, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(logp)
@@ -64,17 +72,13 @@ class _FusedHeadLoss(torch.autograd.Function):
                 logits = head(h)
             _chunk_forward(logits.detach(), labels[part], inv_temperature[part], logp[part],
                            lse[part], entropy[part] if with_entropy else None)
-            # the gradient needs no exact kernels (rollout.exact): the log-probs above have them
-            with ordinary_kernels():
-                chunk_loss, grad_logp = _logp_gradient(token_loss, part, logp[part])
-                total += chunk_loss
-                grad_logits = _chunk_grad(logits.detach(), labels[part], inv_temperature[part],
-                                          lse[part], None, grad_logp, None)
-                grad_h = chunk_head_grads(logits, h, grad_logits, params, grad_params,
-                                          wants_hidden=wants_hidden, weight=weight)
+            chunk_loss, grad_h = gradient(lambda: _chunk_gradients(
+                token_loss, part, logp, lse, logits, h, labels, inv_temperature, params,
+                grad_params, wants_hidden, weight))
+            total += chunk_loss
             if wants_hidden:
                 grad_hidden[part] = grad_h
-            del logits, grad_logits, grad_h
+            del logits, grad_h
         # kept on ctx, not saved tensors: they are this function's own results, not inputs
         # autograd must check for in-place changes
         ctx.grad_hidden, ctx.grad_params = grad_hidden, cast_like(grad_params, params)
@@ -91,13 +95,28 @@ class _FusedHeadLoss(torch.autograd.Function):
         # backward, leaves every bit as it is
         hidden_out, *params_out = [None if g is None else g.mul_(grad_total.to(g.dtype))
                                    for g in grads]
-        return (hidden_out, None, None, None, None, None, None, *params_out)
+        return (hidden_out, None, None, None, None, None, None, None, *params_out)
+
+
+def _chunk_gradients(token_loss: TokenLoss, part: slice, logp: torch.Tensor, lse: torch.Tensor,
+                     logits: torch.Tensor, h: torch.Tensor, labels: torch.Tensor,
+                     inv_temperature: torch.Tensor, params: tuple[torch.Tensor, ...],
+                     grad_params: list[torch.Tensor | None], wants_hidden: bool,
+                     weight: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One chunk's loss and the gradient of its hidden states (its head's parameters' added to
+    ``grad_params``), from its logits' log-probs and normalisers."""
+    chunk_loss, grad_logp = _logp_gradient(token_loss, part, logp[part])
+    grad_logits = _chunk_grad(logits.detach(), labels[part], inv_temperature[part], lse[part],
+                              None, grad_logp, None)
+    return chunk_loss, chunk_head_grads(logits, h, grad_logits, params, grad_params,
+                                        wants_hidden=wants_hidden, weight=weight)
 
 
 def fused_head_loss(head: torch.nn.Module | Head, hidden: torch.Tensor, labels: torch.Tensor,
                     temperature: torch.Tensor | None, token_loss: TokenLoss, *,
                     chunk_tokens: int, with_entropy: bool = False,
                     params: list[torch.Tensor] | None = None,
+                    gradient: GradientRunner | None = None,
                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Log-probs (fp32, shape of ``labels``), the entropy (or None) and the summed loss of
     ``token_loss`` over all tokens, ``chunk_tokens`` tokens at a time, the loss's gradients
@@ -106,10 +125,12 @@ def fused_head_loss(head: torch.nn.Module | Head, hidden: torch.Tensor, labels: 
     Arguments as `graft.engine.chunked_head.chunked_head_logprobs`'s; ``token_loss`` is called
     once per chunk with the chunk's flat token slice (over ``labels.reshape(-1)``) and log-probs.
     The log-probs and entropy are detached (the loss carries every gradient); their values are
-    the chunked head's bit for bit.
+    the chunked head's bit for bit. ``gradient`` (a `GradientRunner`) runs each chunk's gradient
+    computation; None runs it as it is.
     """
     shape = labels.shape
     flat, inv_temperature, params = head_arguments(head, hidden, temperature, chunk_tokens, params)
     logp, entropy, total = _FusedHeadLoss.apply(flat, labels.reshape(-1), inv_temperature, head,
-                                                chunk_tokens, with_entropy, token_loss, *params)
+                                                chunk_tokens, with_entropy, token_loss,
+                                                gradient or _run, *params)
     return logp.reshape(shape), entropy.reshape(shape) if with_entropy else None, total

@@ -44,10 +44,10 @@ def _fused(kind: str) -> Callable[..., object]:
 
 
 def fuses(logits: torch.Tensor) -> bool:
-    """Whether the log-probs of ``logits`` take the Triton kernels: on CUDA. Inside
-    `graft.engine.exact.exact_kernels` too: the forward kernel gives each row one program
-    walking the vocabulary in fixed blocks in order, so a token's log-prob does not depend on
-    the rows around it (the rollout's decode batch, the trainer's chunk)."""
+    """Whether the log-probs of ``logits`` take the Triton kernels: on CUDA. Inside a
+    plugin's batch-invariant kernels (graft-exact) too: the forward kernel gives each row one
+    program walking the vocabulary in fixed blocks in order, so a token's log-prob does not
+    depend on the rows around it (the rollout's decode batch, the trainer's chunk)."""
     return logits.is_cuda
 
 

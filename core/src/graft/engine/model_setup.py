@@ -28,10 +28,6 @@ def build_parallel_model(cfg: Any, env: DistEnv, *, role: str = "policy"
         model, family = build_model(cfg.model, seed=cfg.trainer.seed, device=env.device)
     if role == "reference":
         model.requires_grad_(False)
-    if cfg.rollout.exact:
-        from graft.engine.exact import install_exact_kernels
-
-        install_exact_kernels(model, family)
     model = parallelize(model, family, cfg=cfg, mesh=env.mesh, device=env.device, role=role,
                         meshes=env.meshes)
     if cfg.model.path:

@@ -23,8 +23,6 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from graft.engine.checkpoint_groups import apply_checkpoint_groups, checkpoint_groups_applied
 from graft.engine.dtype_units import shard_other_dtypes
 from graft.engine.parallel_dims import EP, ParallelMeshes
-from graft.engine.recomputed_norms import apply_recomputed_norms, final_norm
-from graft.engine.tiled_mlp import apply_tiled_mlp
 from graft.errors import ConfigError, PluginError
 from graft.models.family import ModelFamily
 from graft.plugins import get_plugin_manager
@@ -183,7 +181,7 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
     empty = any(p.is_meta for p in model.parameters())
     if not empty:
         model.to(device)
-    apply_memory_settings(model, family, cfg.engine)
+    check_checkpoint_settings(cfg.engine)
     custom = family.parallelize or parallelize_standard
     result = call_with_keywords(custom, model=model, family=family, cfg=cfg, mesh=mesh,
                                 device=device, role=role, meshes=meshes)
@@ -199,24 +197,14 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
     return result
 
 
-def apply_memory_settings(model: torch.nn.Module, family: ModelFamily, engine: Any) -> None:
-    """Before any family's ``parallelize``: tile the dense MLPs (``engine.mlp_chunk_tokens``,
-    `graft.engine.tiled_mlp`), recompute the blocks' and the final norms in backward
-    (``engine.recompute_norms``, `graft.engine.recomputed_norms`);
-    ``engine.checkpoint_every_blocks`` > 1 without
+def check_checkpoint_settings(engine: Any) -> None:
+    """Before any family's ``parallelize``: ``engine.checkpoint_every_blocks`` > 1 without
     ``engine.activation_checkpointing`` is a `ConfigError`."""
     every = getattr(engine, "checkpoint_every_blocks", 1)
     if every > 1 and not engine.activation_checkpointing:
         raise ConfigError(f"engine.checkpoint_every_blocks={every} groups activation "
                           f"checkpoints, which are off: set engine.activation_checkpointing=true "
                           f"or engine.checkpoint_every_blocks=1")
-    chunk = getattr(engine, "mlp_chunk_tokens", 0)
-    if chunk:
-        routers = family.router_modules(model) if family.router_modules else ()
-        tiled = apply_tiled_mlp(list(family.decoder_blocks(model)), chunk, routers)
-        logger.debug("engine.mlp_chunk_tokens=%d: %d dense MLPs tiled", chunk, tiled)
-    if getattr(engine, "recompute_norms", False):
-        apply_recomputed_norms([*family.decoder_blocks(model), *final_norm(model)])
 
 
 def check_checkpoint_groups(model: torch.nn.Module, family: ModelFamily, engine: Any) -> None:

@@ -1,12 +1,14 @@
-"""Shared pieces of the token-chunked autograd functions (`graft.engine.chunked_head`,
-`graft.engine.tiled_mlp`, `graft.engine.recomputed_norms`): the chunks, and the parameters'
-gradients summed over them in fp32."""
+"""Shared pieces of the token-chunked autograd functions (`graft.engine.chunked_head`, and
+plugins' through `graft.engine`: graft-activation-memory's tiled MLP and recomputed norms): the
+chunks, and the parameters' gradients summed over them in fp32."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # tensor methods only: `graft.engine` imports this module without torch
+    import torch
 
 
 def token_chunks(num_tokens: int, chunk_tokens: int) -> list[slice]:

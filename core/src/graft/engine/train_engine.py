@@ -12,18 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from graft.engine.distributed import DistEnv, all_reduce
-from graft.engine.exact import exact_kernels
 from graft.engine.forward import forward_fused_loss, forward_logprobs
 from graft.engine.fused_head_loss import TokenLoss
 from graft.engine.grad_norm import clip_grad_norm
 from graft.engine.micro_batch import MicroBatch, TokenSample, build_micro_batch
 from graft.engine.packing import plan_micro_batches
-from graft.engine.phase import SFT, UPDATE, Phase
+from graft.engine.phase import BACKWARD, FORWARD, GRADIENT, SFT, UPDATE, Phase, compute
 from graft.engine.sequence_parallel import (
     SequenceShard,
     backward_scale,
@@ -37,6 +36,8 @@ from graft.losses.aggregation import AggregationContext
 from graft.losses.registry import aggregate_loss
 from graft.models.family import ModelFamily
 from graft.plugins import get_plugin_manager
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -102,6 +103,8 @@ class TrainEngine:
     pad_token_id: int
     # optimizer steps skipped because the gradient norm was not finite (`optimizer_step`)
     skipped_updates: int = 0
+    # where a message for the console goes (the trainer's `graft.training.metrics.console_print`)
+    say: Callable[[str], None] = print
 
     def micro_batches(self, samples: Sequence[TokenSample], *,
                       extras: Mapping[str, Sequence[torch.Tensor]] | None = None,
@@ -175,21 +178,24 @@ class TrainEngine:
             if entropy is not None:
                 metrics = {**metrics, "entropy": batch.to_sequences(entropy)}
             # Keeps the graph connected to the model even for an empty micro-batch, so every
-            # rank runs the same FSDP2 collectives in backward. With rollout.exact, checkpointed
-            # blocks recompute with the exact kernels too (MoE routes as in the forward).
+            # rank runs the same FSDP2 collectives in backward (inside the plugins'
+            # graft_compute: checkpointed blocks recompute as their forward ran).
             total = loss + 0.0 * logp.sum() if head_total is None else head_total
-            with exact_kernels(self.cfg.rollout.exact):
-                if shard.split:
-                    # Inside the split: recomputed (checkpointed) blocks attend over whole rows.
-                    with sequence_split(shard):
-                        (total * backward_scale(shard)).backward()
-                else:
-                    total.backward()
+            self._compute(BACKWARD, phase, lambda: self._backward(total, shard))
             loss_total += loss.detach().double()
             tokens += sum(s.length for s in batch.layout.segments)
             for name, values in metrics.items():
                 sums[name] = sums.get(name, 0.0) + (values.detach().double() * mask).sum()
         return PendingUpdate(loss_total, tokens, sums, ctx, self.env.dp_group)
+
+    @staticmethod
+    def _backward(total: torch.Tensor, shard: SequenceShard) -> None:
+        if shard.split:
+            # Inside the split: recomputed (checkpointed) blocks attend over whole rows.
+            with sequence_split(shard):
+                (total * backward_scale(shard)).backward()
+        else:
+            total.backward()
 
     def sequence_shard(self, batch: MicroBatch) -> SequenceShard:
         """The part of every row of ``batch`` this rank's forward computes (the whole rows
@@ -219,13 +225,15 @@ class TrainEngine:
         if not shard.split:
             head_total = None
             if head_loss is None:
-                logp, entropy = self._forward_logprobs(batch, with_entropy)
+                logp, entropy = self._forward_logprobs(batch, with_entropy, phase)
             else:
-                logp, entropy, head_total = forward_fused_loss(
-                    self.model, self.family, batch, head_loss(batch),
-                    compute_dtype=self.compute_dtype, with_entropy=with_entropy,
-                    chunk_tokens=self.cfg.engine.logprob_chunk_tokens,
-                    exact=self.cfg.rollout.exact)
+                token_loss = head_loss(batch)
+                logp, entropy, head_total = self._compute(FORWARD, phase, lambda: (
+                    forward_fused_loss(self.model, self.family, batch, token_loss,
+                                       compute_dtype=self.compute_dtype,
+                                       with_entropy=with_entropy,
+                                       chunk_tokens=self.cfg.engine.logprob_chunk_tokens,
+                                       gradient=lambda run: self._compute(GRADIENT, phase, run))))
             kept = merge_kept(hook.graft_post_forward(batch=batch.tensors, layout=batch.layout,
                                                       phase=phase, cfg=self.cfg, shard=shard))
             cpu_batch.keep(kept)
@@ -233,7 +241,7 @@ class TrainEngine:
         part = MicroBatch(split_tensors(batch.tensors, shard), batch.layout,
                           batch.sequence_index, batch.sequence_valid)
         with sequence_split(shard):
-            logp, entropy = self._forward_logprobs(part, with_entropy)
+            logp, entropy = self._forward_logprobs(part, with_entropy, phase)
         kept = merge_kept(hook.graft_post_forward(batch=part.tensors, layout=batch.layout,
                                                   phase=phase, cfg=self.cfg, shard=shard))
         cpu_batch.keep({name: shard.gather(tensor) for name, tensor in kept.items()})
@@ -242,12 +250,15 @@ class TrainEngine:
         entropy = None if entropy is None else shard.gather(entropy)
         return batch, logp, entropy, shard, None
 
-    def _forward_logprobs(self, batch: MicroBatch, with_entropy: bool
+    def _forward_logprobs(self, batch: MicroBatch, with_entropy: bool, phase: Phase
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return forward_logprobs(self.model, self.family, batch, compute_dtype=self.compute_dtype,
-                                with_entropy=with_entropy,
-                                chunk_tokens=self.cfg.engine.logprob_chunk_tokens,
-                                exact=self.cfg.rollout.exact)
+        return self._compute(FORWARD, phase, lambda: forward_logprobs(
+            self.model, self.family, batch, compute_dtype=self.compute_dtype,
+            with_entropy=with_entropy, chunk_tokens=self.cfg.engine.logprob_chunk_tokens))
+
+    def _compute(self, step: str, phase: Phase, run: Callable[[], T]) -> T:
+        """``run()``, the ``step`` of this engine's model, inside the plugins' graft_compute."""
+        return compute(step, run, phase=phase, model=self.model, cfg=self.cfg)
 
     @torch.no_grad()
     def logprobs(self, micro_batches: Sequence[MicroBatch], *, phase: Phase) -> list[torch.Tensor]:
@@ -285,10 +296,8 @@ class TrainEngine:
         else:
             self.skipped_updates += 1
             if self.env.is_main:
-                from graft.training.metrics import console_print
-
-                console_print(f"update skipped: the gradient norm is {float(norm)} (a non-finite "
-                              f"loss or gradient); the weights and the optimizer state are "
-                              f"unchanged ({self.skipped_updates} skipped in this run so far)")
+                self.say(f"update skipped: the gradient norm is {float(norm)} (a non-finite "
+                         f"loss or gradient); the weights and the optimizer state are "
+                         f"unchanged ({self.skipped_updates} skipped in this run so far)")
         self.optimizer.zero_grad(set_to_none=True)
         return norm

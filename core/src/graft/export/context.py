@@ -9,8 +9,10 @@ from typing import Any
 # ``consumer`` attribute; sinks without one are HF_LAYOUT):
 HF_LAYOUT = "hf"  # transformers' checkpoint layout: what ``from_pretrained`` loads (HF directory,
 #                   the in-memory state dict)
-VLLM_LAYOUT = "vllm"  # what vLLM's model loaders take (``load_weights`` / ``reload_weights``)
-CONSUMERS = (HF_LAYOUT, VLLM_LAYOUT)
+INFERENCE_LAYOUT = "inference"  # what a running inference engine's weight loader takes while
+#                   it serves (graft-vllm's sink: vLLM's ``reload_weights``): a model whose
+#                   experts are fused on disk may stream them one expert at a time
+CONSUMERS = (HF_LAYOUT, INFERENCE_LAYOUT)
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,9 @@ class ExportContext:
             whole tensors; for expert-parallel parameters streamed one ``ep`` block at a time
             (`graft.export.expert_blocks`), the id of the block's first expert.
         consumer: who loads the export (one of `CONSUMERS`): ``hf`` for transformers' checkpoint
-            layout, ``vllm`` for vLLM's loaders; a handler whose model is stored differently for
-            the two (fused experts on disk, per-expert tensors streamed into vLLM) picks by it.
+            layout, ``inference`` for a serving engine's weight loader; a handler whose model is
+            stored differently for the two (fused experts on disk, per-expert tensors streamed
+            into the engine) picks by it.
     """
 
     model: Any

@@ -1,9 +1,10 @@
 """Per-expert names of a fused experts tensor: ``X.experts.<id>.<param>`` is expert ``<id>`` of
 ``X.experts.<param>`` (shape ``(num_experts, *per_expert_shape)``).
 
-A model stored with fused experts on disk (GPT-OSS) is streamed into vLLM one expert at a time
-under those per-expert names, so a consumer that knew the fused tensor (a delta snapshot, the
-shapes a vLLM engine started with) must recognise its experts under the new names.
+A model stored with fused experts on disk (GPT-OSS) is streamed into an inference engine
+(consumer ``inference``) one expert at a time under those per-expert names, so a consumer that
+knew the fused tensor (a delta snapshot, the shapes an engine started with) must recognise its
+experts under the new names.
 """
 
 from __future__ import annotations

@@ -119,7 +119,8 @@ def _probe(name: str, shape: tuple[int, ...], dtype: torch.dtype, ctx: ExportCon
 def enumerate_hf_slots(name: str, shape: tuple[int, ...], dtype: torch.dtype, ctx: ExportContext,
                        handler: Handler = export_slots) -> list[tuple[str, tuple[int, ...]]]:
     """``(hf_name, shape)`` of every entry ``handler`` makes from a parameter, in its order
-    (found on a meta tensor, cached). ``ctx.consumer`` says for whom (HF checkpoint or vLLM)."""
+    (found on a meta tensor, cached). ``ctx.consumer`` says for whom (HF checkpoint or
+    inference engine)."""
     return list(_probe(name, shape, dtype, ctx, handler).entries)
 
 

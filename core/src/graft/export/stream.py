@@ -2,7 +2,7 @@
 
 Every rank walks the same parameters in the same order and takes part in gathering each one from
 its FSDP2 shards; the exporting rank (rank 0) converts it to the layout its sink's consumer loads
-(``graft_export_slots``; ``sink.consumer``: a HF checkpoint or vLLM), packs the result into a
+(``graft_export_slots``; ``sink.consumer``: a HF checkpoint or an inference engine), packs the result into a
 bucket of ``export.bucket_mb`` and hands full buckets to the sink. The full state dict is never
 built: extra memory stays within one bucket plus the largest parameter, and for expert-parallel
 experts within one bucket plus one block of experts (`graft.export.expert_blocks`): per-expert HF

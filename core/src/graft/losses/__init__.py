@@ -1,12 +1,19 @@
 """Policy losses and loss aggregation, as registries that plugins extend.
 
+For plugins: `AggregationContext` (the normalisers a ``graft_loss_aggregate`` gets as ``ctx``),
+`aggregate_loss` (a micro-batch's loss matrix reduced through ``graft_loss_aggregate``, as the
+trainer does it: plugins first, then the core's modes), `BUILTIN_AGG_MODES`, and the
+`token_separable` mark (`is_token_separable`).
+
 Submodules: `graft.losses.policy` (PPO clip, SFT NLL), `graft.losses.gspo` (GSPO),
-`graft.losses.aggregation` (the ``loss_agg_mode`` formulas and `AggregationContext`),
-`graft.losses.registry` (lookups through the plugin hooks), `graft.losses.separable` (the
-`token_separable` mark). This package module imports nothing heavy.
+`graft.losses.aggregation` (the ``loss_agg_mode`` formulas), `graft.losses.registry` (lookups
+through the plugin hooks), `graft.losses.separable`. This package module imports nothing
+heavy (torch loads when a loss is aggregated).
 """
 
-from graft.losses.modes import BUILTIN_AGG_MODES
+from graft.losses.modes import BUILTIN_AGG_MODES, AggregationContext
+from graft.losses.registry import aggregate_loss
 from graft.losses.separable import is_token_separable, token_separable
 
-__all__ = ["BUILTIN_AGG_MODES", "is_token_separable", "token_separable"]
+__all__ = ["BUILTIN_AGG_MODES", "AggregationContext", "aggregate_loss", "is_token_separable",
+           "token_separable"]

@@ -18,20 +18,11 @@ split. Sequences with no valid token contribute nothing and are not counted in `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-
-@dataclass(frozen=True)
-class AggregationContext:
-    """Mini-batch-wide normalisers (already all-reduced over data-parallel ranks)."""
-
-    global_tokens: float
-    global_sequences: float
-    dp_size: int
-    loss_scale_factor: float
+from graft.losses.modes import AggregationContext
 
 
 def loss_scale_factor(cfg: Any) -> float:

@@ -14,7 +14,7 @@ from graft.losses.modes import BUILTIN_AGG_MODES
 if TYPE_CHECKING:
     import torch
 
-    from graft.losses.aggregation import AggregationContext
+    from graft.losses.modes import AggregationContext
 
 
 @hookimpl(trylast=True)
@@ -32,6 +32,26 @@ def graft_loss_aggregate(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: 
 def graft_loss_agg_modes() -> list[str]:
     """The built-in modes."""
     return list(BUILTIN_AGG_MODES)
+
+
+@hookimpl
+def graft_config_rules() -> list[Any]:
+    """GSPO has no dual clip: its default ``loss.clip_ratio_c`` is turned off, a value the user
+    set is refused."""
+    from graft.losses.gspo import check_gspo_config, gspo_default_has_no_dual_clip
+
+    return [gspo_default_has_no_dual_clip, check_gspo_config]
+
+
+@hookimpl
+def graft_config_choices() -> dict[str, Any]:
+    """``policy_losses`` and ``loss_agg_modes`` (whose error names the plugins that aggregate
+    without declaring their modes)."""
+    from graft.losses.registry import agg_mode_hint, loss_agg_mode_names, policy_loss_names
+
+    return {"policy_losses": lambda *, manager: policy_loss_names(manager),
+            "loss_agg_modes": (lambda *, manager: loss_agg_mode_names(manager),
+                               lambda *, manager: agg_mode_hint(manager))}
 
 
 @hookimpl

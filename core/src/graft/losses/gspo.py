@@ -20,9 +20,11 @@ and, with rollout importance weights, ``rollout_is_weight``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from graft.config.keys import was_set
 from graft.errors import ConfigError
 
 if TYPE_CHECKING:  # torch loads when the loss runs: config validation imports this module
@@ -84,6 +86,13 @@ def rollout_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask:
     if level == "sequence":
         log_weight = (log_weight.sum(-1) / mask.sum(-1).clamp(min=1.0))[:, None].expand_as(mask)
     return torch.exp(log_weight.clamp(max=LOG_RATIO_CLAMP)).clamp(max=cap)
+
+
+def gspo_default_has_no_dual_clip(cfg: Any, user_keys: Collection[str]) -> None:
+    """A config rule: ``loss.policy_loss=gspo`` turns the default ``loss.clip_ratio_c`` off (GSPO
+    has no dual clip); a value the user set stays and `check_gspo_config` refuses it."""
+    if cfg.loss.policy_loss == "gspo" and not was_set("loss.clip_ratio_c", user_keys):
+        cfg.loss.clip_ratio_c = None
 
 
 def check_gspo_config(cfg: Any) -> None:

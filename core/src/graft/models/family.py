@@ -71,9 +71,6 @@ class ModelFamily:
         expert_parallel: True when ``parallelize`` implements ``engine.ep_size > 1`` (experts
             split over ``meshes["ep"]``, see `graft.engine.expert_parallel`); ``ep_size > 1`` is a
             config error for other families.
-        exact_unsupported: why ``rollout.exact``'s kernels (`graft.engine.exact`) cannot serve
-            this family (the `ConfigError` a run with ``rollout.exact=true`` gets); None when
-            they can (full causal attention; sliding-window layers are refused anyway).
         extras: free-form data for plugins (EP layouts, adapters), keyed by plugin name.
     """
 
@@ -90,5 +87,4 @@ class ModelFamily:
     static_routing: Callable[[torch.nn.Module], bool] | None = None
     parallelize: Callable[..., torch.nn.Module] | None = None
     expert_parallel: bool = False
-    exact_unsupported: str | None = None
     extras: dict[str, Any] = field(default_factory=dict)

@@ -27,7 +27,7 @@ from graft.plugins.discovery import (
     discover_candidates,
     missing_message,
 )
-from graft.plugins.registry import verify_registry_entries
+from graft.plugins.registry import implementers_without, verify_registry_entries
 from graft.plugins.tracing import TRACE_ENV, install_tracing
 from graft.plugins.validation import verify_plugin
 
@@ -38,8 +38,9 @@ PluginStatus = Literal["loaded", "disabled", "failed", "builtin"]
 # Core modules that implement hooks themselves (the core uses its own API). They register before
 # any plugin, so a plugin's implementation of a firstresult hook is asked first.
 BUILTIN_PLUGINS: tuple[str, ...] = ("graft.losses.builtin", "graft.checkpoint.backfill",
-                                    "graft.rl.builtin", "graft.export.builtin",
-                                    "graft.rollout.builtin", "graft.training.builtin")
+                                    "graft.models.builtin", "graft.rl.builtin",
+                                    "graft.export.builtin", "graft.rollout.builtin",
+                                    "graft.training.builtin")
 
 
 @dataclass
@@ -152,9 +153,7 @@ class GraftPluginManager:
 
     def _warn_undeclared_agg_modes(self) -> None:
         """A plugin whose loss modes config validation will reject is worth a word at load."""
-        from graft.losses.registry import undeclared_aggregators
-
-        for name in undeclared_aggregators(self):
+        for name in implementers_without(self, "graft_loss_aggregate", "graft_loss_agg_modes"):
             logger.warning("plugin %r implements graft_loss_aggregate but declares no mode with "
                            "graft_loss_agg_modes, so loss.loss_agg_mode cannot select its modes",
                            name)

@@ -40,6 +40,21 @@ def collect_named(manager: GraftPluginManager, hook_name: str, kind: str, *,
     return found
 
 
+def registry_names(hook_name: str, kind: str) -> Callable[..., list[str]]:
+    """``names(*, manager)``: the sorted names ``hook_name``'s registry holds with ``manager``'s
+    plugins, for ``graft_config_choices`` (a config choice that names the registry)."""
+    return lambda *, manager: sorted(collect_named(manager, hook_name, kind))
+
+
+def implementers_without(manager: GraftPluginManager, hook_name: str,
+                         companion: str) -> list[str]:
+    """Names of the plugins that implement ``hook_name`` but not ``companion`` (a loss
+    aggregator that declares no mode: ``graft_loss_aggregate`` without ``graft_loss_agg_modes``)."""
+    declared = {impl.plugin_name for impl in getattr(manager.hook, companion).get_hookimpls()}
+    return [impl.plugin_name for impl in getattr(manager.hook, hook_name).get_hookimpls()
+            if impl.plugin_name not in declared]
+
+
 def verify_registry_entries(manager: GraftPluginManager, plugin_name: str) -> None:
     """Check the entries ``plugin_name`` gives every registry, when the plugin registers.
 

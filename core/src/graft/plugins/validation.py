@@ -17,6 +17,8 @@ from graft.errors import PluginError, did_you_mean
 
 _IMPL_MARKER = f"{hookspecs.PROJECT_NAME}_impl"
 _SPEC_MARKER = f"{hookspecs.PROJECT_NAME}_spec"
+# Hooks whose one plain implementation is the core's own step: plugins only wrap them.
+WRAPPER_ONLY = frozenset({"graft_compute"})
 
 
 def hook_specs(spec_module: ModuleType = hookspecs) -> dict[str, Callable[..., Any]]:
@@ -48,8 +50,9 @@ def verify_plugin(plugin: object, plugin_name: str) -> list[str]:
     """Check every hook implementation of ``plugin``; return the names of the hooks it implements.
 
     Raises `PluginError` naming the plugin, the hook and the fix when: a hookimpl matches no spec
-    (a misspelling); a function is named like a hook but lacks ``@graft.hookimpl``; or an
-    implementation takes an argument the spec does not provide, or ``*args``/``**kwargs``.
+    (a misspelling); a function is named like a hook but lacks ``@graft.hookimpl``; an
+    implementation takes an argument the spec does not provide, or ``*args``/``**kwargs``; or a
+    hook of `WRAPPER_ONLY` is implemented other than as a wrapper.
     """
     specs = hook_specs()
     impls = hook_impls(plugin)
@@ -60,6 +63,11 @@ def verify_plugin(plugin: object, plugin_name: str) -> list[str]:
                 f"spec.{did_you_mean(hook_name, specs)} Known hooks: {', '.join(sorted(specs))}."
             )
         _verify_arguments(plugin_name, hook_name, func, specs[hook_name])
+        if hook_name in WRAPPER_ONLY and not getattr(func, _IMPL_MARKER).get("wrapper"):
+            raise PluginError(
+                f"plugin {plugin_name!r}: {hook_name} wraps a step the core runs; declare it "
+                f"@graft.hookimpl(wrapper=True), a generator that returns (yield)."
+            )
     _verify_no_unmarked_hooks(plugin, plugin_name, specs, impls)
     return sorted(impls)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from graft.errors import PluginError
+from graft.errors import ConfigError, PluginError
 from graft.plugins import GraftPluginManager, get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
 from graft.plugins.registry import collect_named
@@ -68,6 +68,20 @@ def advantage_estimators(manager: GraftPluginManager | None = None
                           "advantage estimator")
     return {name: value if isinstance(value, AdvantageEstimator) else AdvantageEstimator(value)
             for name, value in found.items()}
+
+
+def group_estimator_needs_groups(cfg: Any, manager: GraftPluginManager) -> None:
+    """A config rule: ``rollout.n`` below the estimator's group size gives every sample
+    advantage 0 (`ConfigError`)."""
+    if cfg.trainer.mode != "rl":
+        return
+    estimator = advantage_estimators(manager).get(cfg.algorithm.advantage)
+    if estimator is not None and cfg.rollout.n < estimator.min_group_size:
+        raise ConfigError(
+            f"rollout.n={cfg.rollout.n} but algorithm.advantage={cfg.algorithm.advantage!r} "
+            f"compares the samples of one prompt and needs rollout.n >= "
+            f"{estimator.min_group_size} (with fewer every advantage is 0 and nothing is "
+            f"learned); raise rollout.n")
 
 
 def compute_advantages(estimator: AdvantageEstimator, rewards: torch.Tensor, *,

@@ -1,11 +1,45 @@
-"""The core's reward functions and advantage estimators, registered as a built-in plugin (no
-heavy imports: torch loads when an estimator runs)."""
+"""RL's hooks, registered as a built-in plugin: the ``rl`` trainer mode, the core's reward
+functions and advantage estimators, their config registries and rules (no heavy imports: torch
+loads when an estimator runs)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from graft.hookspecs import hookimpl
+from graft.plugins.registry import registry_names
+
+
+def rl_job(*, cfg: Any, tokenizer: Any, env: Any) -> Any:
+    """Generate, score, update, push weights to the generator, repeat."""
+    from graft.data.sampler import check_every_rank_gets_samples
+    from graft.rl.job import RLJob
+
+    check_every_rank_gets_samples(cfg.rollout.prompts_per_step, env.dp_size,
+                                  key="rollout.prompts_per_step", what="prompts")
+    return RLJob(cfg, tokenizer, env)
+
+
+@hookimpl
+def graft_trainer_modes() -> dict[str, Any]:
+    """``rl``: the trainer mode of this package."""
+    return {"rl": rl_job}
+
+
+@hookimpl
+def graft_config_choices() -> dict[str, Any]:
+    """``rewards`` and ``advantage_estimators``."""
+    return {"rewards": registry_names("graft_reward_functions", "reward"),
+            "advantage_estimators": registry_names("graft_advantage_estimators",
+                                                   "advantage estimator")}
+
+
+@hookimpl
+def graft_config_rules() -> list[Any]:
+    """Group estimators need groups (`graft.rl.advantages.group_estimator_needs_groups`)."""
+    from graft.rl.advantages import group_estimator_needs_groups
+
+    return [group_estimator_needs_groups]
 
 
 @hookimpl

@@ -34,9 +34,10 @@ from graft.plugins.keywords import call_with_keywords
 from graft.rl.advantages import advantage_estimators, compute_advantages
 from graft.rl.kl import kl_penalty
 from graft.rl.rewards import RewardScorer
-from graft.rl.validation import Validator, validation_due
+from graft.rl.validation import Validator
 from graft.rollout.registry import build_episode_runner
 from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
+from graft.training.job import validation_due
 from graft.training.metrics import console_print
 from graft.training.samples import SampleLog, format_sample, sample_records, shown_to_model
 
@@ -169,7 +170,7 @@ class RLJob:
 
     def after_step(self, engine: TrainEngine, *, step: int, total_steps: int) -> dict[str, float]:
         """After step ``step`` (and before the first, ``step`` 0; every rank): write its samples,
-        validate when due (`graft.rl.validation.validation_due`); return the ``val/*`` metrics."""
+        validate when due (`graft.training.job.validation_due`); return the ``val/*`` metrics."""
         records, metrics = self._records, {}
         self._records = []
         every = self.cfg.trainer.val_every_steps

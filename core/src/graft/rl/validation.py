@@ -45,12 +45,6 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
     return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
 
 
-def validation_due(step: int, *, every: int, total_steps: int) -> bool:
-    """Whether to validate after ``step`` (0: before the first): at 0, every ``every`` steps
-    and at the last step; never when ``every`` is 0."""
-    return every > 0 and (step == 0 or step % every == 0 or step == total_steps)
-
-
 @dataclass(frozen=True)
 class ValidationResult:
     """One validation: the metrics (over every rank) and this rank's samples, responses and

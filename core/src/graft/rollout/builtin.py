@@ -5,10 +5,10 @@ Kept free of torch imports at module level: the plugin manager loads it for ever
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from graft.hookspecs import hookimpl
+from graft.plugins.registry import registry_names
 
 
 def build_embedded(*, cfg: Any, engine: Any, env: Any, tokenizer: Any) -> Any:
@@ -22,19 +22,17 @@ def build_embedded(*, cfg: Any, engine: Any, env: Any, tokenizer: Any) -> Any:
                            static_copy_dtype=engine.compute_dtype if static else None,
                            compile_backend=cfg.rollout.decode_compile,
                            fuse_decode_kernels=cfg.rollout.decode_fuse_kernels,
-                           left_padding_exact=engine.family.left_padding_exact, cfg=cfg,
-                           exact=cfg.rollout.exact)
-
-
-def build_vllm(*, cfg: Any, engine: Any, env: Any, run_dir: Path, tokenizer: Any) -> Any:
-    """A vLLM engine on rank 0 whose weights are streamed from the trainer after every step."""
-    from graft.rollout.vllm import VLLMRollout
-
-    return VLLMRollout(engine.model, compute_dtype=engine.compute_dtype, cfg=cfg, env=env,
-                       run_dir=run_dir, tokenizer=tokenizer)
+                           left_padding_exact=engine.family.left_padding_exact, cfg=cfg)
 
 
 @hookimpl
 def graft_rollout_engines() -> dict[str, Any]:
-    """``embedded`` and ``vllm``."""
-    return {"embedded": build_embedded, "vllm": build_vllm}
+    """``embedded`` (graft-vllm adds ``vllm``)."""
+    return {"embedded": build_embedded}
+
+
+@hookimpl
+def graft_config_choices() -> dict[str, Any]:
+    """``rollout_engines`` and ``environments``."""
+    return {"rollout_engines": registry_names("graft_rollout_engines", "rollout engine"),
+            "environments": registry_names("graft_environments", "environment")}

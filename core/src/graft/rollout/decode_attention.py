@@ -12,6 +12,11 @@ from __future__ import annotations
 import torch
 
 GROUPED_ATTENTION = "graft_grouped_query_decode"
+# transformers attention implementations that take the decode loop's boolean ``(batch, 1,
+# queries, keys)`` mask (True: attend) over the first ``keys`` cache slots; SDPA is switched to
+# `GROUPED_ATTENTION`, the others are kept. A plugin's attention joins with
+# `register_boolean_mask_attention`.
+BOOLEAN_MASK_ATTENTIONS: set[str] = {"sdpa", GROUPED_ATTENTION}
 # A prefill's mask is copied once per query head of a group; above this many elements (bools)
 # the prefill takes transformers' path instead (keys and values copied per head).
 GROUPED_MASK_ELEMENTS = 1 << 28
@@ -52,3 +57,12 @@ def use_grouped_query_attention(model: torch.nn.Module) -> None:
 
     AttentionInterface.register(GROUPED_ATTENTION, grouped_query_decode_attention)
     model.set_attn_implementation(GROUPED_ATTENTION)
+
+
+def register_boolean_mask_attention(name: str) -> None:
+    """Let `graft.rollout.graphed_decode.GraphedDecoder` decode (from CUDA graphs) a model whose
+    attention is ``name`` (registered with transformers' ``AttentionInterface``), handing it
+    a boolean ``(batch, 1, queries, keys)`` mask (True: attend) that may cover fewer keys than
+    the cache holds (the slots filled so far). Idempotent; call it when registering the
+    attention."""
+    BOOLEAN_MASK_ATTENTIONS.add(name)

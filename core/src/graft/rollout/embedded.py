@@ -12,22 +12,25 @@ With ``rollout.decode_compile=cudagraphs`` Graft's own loop (`graft.rollout.grap
 replays the decode step from a CUDA graph instead, for models it can run (on GPU its kernels fused
 by inductor with the eager rounding, ``rollout.decode_fuse_kernels``).
 
-``exact`` (``rollout.exact``): generation and its log-probs run inside
-`graft.engine.exact.exact_kernels`, as the trainer's forward does, so the log-probs are the
-trainer's bit for bit (no fused decode kernels then).
+Generation and its log-probs run inside the plugins' ``graft_compute`` wrappers (steps
+``generate``, ``prefill``, ``decode``, ``sample_logprobs``), as the trainer's forward does
+(graft-exact's batch-invariant kernels: the log-probs are the trainer's bit for bit).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from graft.engine.exact import exact_kernels
 from graft.engine.logprobs import token_logprobs
+from graft.engine.phase import GENERATE, ROLLOUT, SAMPLE_LOGPROBS, compute
 from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos, refuse_extras
+
+T = TypeVar("T")
 
 
 class EmbeddedRollout:
@@ -40,9 +43,9 @@ class EmbeddedRollout:
                  device: torch.device, reshard_blocks: bool = True,
                  static_copy_dtype: torch.dtype | None = None,
                  compile_backend: str = "inductor", fuse_decode_kernels: bool = False,
-                 left_padding_exact: bool = True, cfg: Any = None, exact: bool = False) -> None:
+                 left_padding_exact: bool = True, cfg: Any = None) -> None:
         self.model = model
-        self.exact = exact
+        self.cfg = cfg
         self.left_padding_exact = left_padding_exact
         self.reshard_blocks = reshard_blocks
         self.pad_token_id = pad_token_id
@@ -61,8 +64,7 @@ class EmbeddedRollout:
                                               eos_token_id=eos_token_id,
                                               use_graphs=device.type == "cuda",
                                               fuse_kernels=fuse_decode_kernels
-                                              and device.type == "cuda" and not exact,
-                                              exact=exact)
+                                              and device.type == "cuda", cfg=cfg)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
@@ -113,24 +115,28 @@ class EmbeddedRollout:
                        max_new_tokens=spec.max_new_tokens, use_cache=True,
                        pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
                        return_dict_in_generate=True, output_logits=True)
+        model = self.model if self.copy is None else self.copy.model
         if self.copy is not None:
-            with exact_kernels(self.exact):
-                out = self.copy.model.generate(**options, **self.copy.cache_options())
+            out = self._compute(GENERATE, model, lambda: model.generate(
+                **options, **self.copy.cache_options()))
         else:
-            self.model.eval()
-            with GatheredParameters(self.model, reshard_blocks=self.reshard_blocks), \
-                    exact_kernels(self.exact):
-                out = self.model.generate(**options, synced_gpus=dist.is_initialized()
-                                          and dist.get_world_size() > 1)
+            model.eval()
+            with GatheredParameters(model, reshard_blocks=self.reshard_blocks):
+                out = self._compute(GENERATE, model, lambda: model.generate(
+                    **options, synced_gpus=dist.is_initialized() and dist.get_world_size() > 1))
         new_tokens = out.sequences[:, ids.shape[1]:]
         # One decode step at a time, with the trainer's own log-prob function: never a fp32 copy
         # of all (sequences x steps x vocab) logits.
         temperature = torch.full((ids.shape[0],), spec.temperature or 1.0,
                                  device=new_tokens.device)
-        with exact_kernels(self.exact):
-            logprobs = torch.stack([token_logprobs(step, new_tokens[:, i], temperature)
-                                    for i, step in enumerate(out.logits)], dim=1)
+        logprobs = self._compute(SAMPLE_LOGPROBS, model, lambda: torch.stack(
+            [token_logprobs(step, new_tokens[:, i], temperature)
+             for i, step in enumerate(out.logits)], dim=1))
         return new_tokens, logprobs
+
+    def _compute(self, step: str, model: torch.nn.Module, run: Callable[[], T]) -> T:
+        """``run()``, a ``step`` of ``model``'s generation, inside the plugins' graft_compute."""
+        return compute(step, run, phase=ROLLOUT, model=model, cfg=self.cfg)
 
     def request_extras(self, *names: str) -> None:
         """No per-request outputs: plugins record what they need with hooks on `model`."""

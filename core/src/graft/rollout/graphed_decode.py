@@ -48,29 +48,27 @@ again; a rollout of another length lets them go, and their memory pool.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
-from graft.engine.exact import exact_kernels
-from graft.engine.exact.attention import EXACT_ATTENTION
 from graft.engine.logprobs import token_logprobs
+from graft.engine.phase import DECODE, PREFILL, ROLLOUT, SAMPLE_LOGPROBS, compute
 from graft.models.family import standard_decoder_blocks
 from graft.models.kv_cache import cache_keyword
 from graft.rollout.capturable import host_synchronising_experts
-from graft.rollout.decode_attention import GROUPED_ATTENTION, use_grouped_query_attention
+from graft.rollout.decode_attention import BOOLEAN_MASK_ATTENTIONS, use_grouped_query_attention
 from graft.rollout.regional_compile import compile_decoder_blocks, compiled_blocks
 from graft.rollout.types import SamplingSpec
 
+T = TypeVar("T")
 CACHE_LENGTH_MULTIPLE = 64  # cache lengths round up to this, so nearby prompt lengths share a graph
 ATTENDED_LENGTHS = 8  # at most this many attended lengths (graphs) per batch size
 BATCH_SIZE_STEPS = 8  # a batch shrinks in steps of about 1/8 of where it started
 # a prepared cache up to this many times longer than a rollout needs serves it (memory bound)
 REUSED_CACHE_SLACK = 2
-# The attention implementations this loop hands a ready 4-D mask to: SDPA takes a boolean one
-# (True: attend; the loop's own grouped-query attention too), eager an additive one.
-MASKS = ("sdpa", GROUPED_ATTENTION, EXACT_ATTENTION, "eager")
 
 
 def decodes_with_graphs(model: torch.nn.Module) -> bool:
@@ -79,8 +77,11 @@ def decodes_with_graphs(model: torch.nn.Module) -> bool:
     config = model.config
     if not getattr(model, "_can_compile_fullgraph", False):
         return False
-    if getattr(config, "_attn_implementation", None) not in MASKS:
-        return False  # flash attention takes no 4-D mask
+    # this loop hands the attention a ready 4-D mask: a boolean one (`BOOLEAN_MASK_ATTENTIONS`)
+    # or, to eager attention, an additive one; flash attention takes none
+    attention = getattr(config, "_attn_implementation", None)
+    if attention != "eager" and attention not in BOOLEAN_MASK_ATTENTIONS:
+        return False
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
         return all(kind == "full_attention" for kind in layer_types)
@@ -109,7 +110,7 @@ class GraphedDecoder:
                  use_graphs: bool, fuse_kernels: bool = False, check_every: int = 16,
                  min_batch: int = 8,
                  decoder_blocks: Sequence[torch.nn.Module] | None = None,
-                 exact: bool = False) -> None:
+                 cfg: Any = None) -> None:
         self.model = model
         self.pad_token_id = pad_token_id
         self.eos_token_id = eos_token_id
@@ -118,23 +119,19 @@ class GraphedDecoder:
         self.check_every = check_every
         self.min_batch = min_batch
         # (a model another decoder switched to the grouped-query attention takes it as well)
-        self.boolean_mask = model.config._attn_implementation in ("sdpa", GROUPED_ATTENTION,
-                                                                  EXACT_ATTENTION)
+        self.boolean_mask = model.config._attn_implementation in BOOLEAN_MASK_ATTENTIONS
         self._cache_keyword = cache_keyword(model)  # ``cache`` from transformers 5.24 on
-        # exact (rollout.exact): every forward and log-prob inside the exact kernels, with the
-        # exact attention the model was given (`graft.engine.exact`); nothing fused
-        self.exact = exact
-        if exact and model.config._attn_implementation != EXACT_ATTENTION:
-            raise ValueError("an exact GraphedDecoder needs a model with the exact kernels "
-                             "installed (graft.engine.exact.install_exact_kernels)")
-        if self.boolean_mask and not exact:
+        # every prefill, step and log-prob inside the plugins' graft_compute (cfg: the root
+        # config they read, None outside a run)
+        self.cfg = cfg
+        if model.config._attn_implementation == "sdpa":
             use_grouped_query_attention(model)
         # One cache slot past the last attended length, never attended: the attended keys are
         # then never the whole cache, whose contiguous view would be another compiled graph
         # (`fuse_kernels`) than the shorter, strided ones.
         self._spare_cache_slots = 1 if self.boolean_mask else 0
         self.batch_sizes: list[int] = []  # the batch sizes the last `generate` decoded at
-        self.fuse_kernels = fuse_kernels and not exact
+        self.fuse_kernels = fuse_kernels
         if self.fuse_kernels:  # compiled on the first step (the first graph's warm-up on GPU)
             compile_decoder_blocks(decoder_blocks or standard_decoder_blocks(model),
                                    options={"emulate_precision_casts": True})
@@ -244,9 +241,10 @@ class GraphedDecoder:
             # torch.multinomial's own draw of one sample (the argmax of p / q, q ~ Exp(1)): the
             # same tokens, without its checks of p, two more passes over the vocabulary a step
             token = probs.div_(torch.empty_like(probs).exponential_()).argmax(dim=-1)
-        with exact_kernels(self.exact):
-            logprob = token_logprobs(logits, token, finished.new_full(
-                finished.shape, spec.temperature or 1.0, dtype=torch.float32))
+        temperature = finished.new_full(finished.shape, spec.temperature or 1.0,
+                                        dtype=torch.float32)
+        logprob = self._compute(SAMPLE_LOGPROBS, lambda: token_logprobs(logits, token,
+                                                                         temperature))
         token = torch.where(finished, self.pad_token_id, token)
         logprob = torch.where(finished, 0.0, logprob)
         if self.eos_token_id is not None:
@@ -318,10 +316,9 @@ class GraphedDecoder:
         if self.boolean_mask:  # the grouped-query attention reads only the prompt's slots
             attend = attend[..., :prompt_length]
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        with exact_kernels(self.exact):
-            out = self.model(input_ids=ids, attention_mask=self._mask(attend[:, None]),
-                             position_ids=positions, use_cache=True, logits_to_keep=1,
-                             **{self._cache_keyword: state.cache})
+        out = self._compute(PREFILL, lambda: self.model(
+            input_ids=ids, attention_mask=self._mask(attend[:, None]), position_ids=positions,
+            use_cache=True, logits_to_keep=1, **{self._cache_keyword: state.cache}))
         state.positions.copy_(positions[:, -1:] + 1)
         state.slot.fill_(prompt_length)
         return out.logits[:, -1]
@@ -331,15 +328,18 @@ class GraphedDecoder:
         """One decode step from the state's fixed tensors (what a graph records), attending to
         the first ``attended`` cache slots."""
         state.key_valid.index_fill_(1, state.slot, True)
-        with compiled_blocks(self.fuse_kernels), exact_kernels(self.exact):
-            out = self.model(input_ids=state.tokens,
-                             attention_mask=self._mask(state.key_valid[:, None, None, :attended]
-                                                       .contiguous()),
-                             position_ids=state.positions, use_cache=True,
-                             **{self._cache_keyword: state.cache})
+        with compiled_blocks(self.fuse_kernels):
+            out = self._compute(DECODE, lambda: self.model(
+                input_ids=state.tokens,
+                attention_mask=self._mask(state.key_valid[:, None, None, :attended].contiguous()),
+                position_ids=state.positions, use_cache=True, **{self._cache_keyword: state.cache}))
         state.slot.add_(1)
         state.positions.add_(1)
         return out.logits[:, -1]
+
+    def _compute(self, step: str, run: Callable[[], T]) -> T:
+        """``run()``, a ``step`` of the model's decoding, inside the plugins' graft_compute."""
+        return compute(step, run, phase=ROLLOUT, model=self.model, cfg=self.cfg)
 
     def _mask(self, attend: torch.Tensor) -> torch.Tensor:
         """``attend`` (bool, True: attend) as the model's attention takes it. A decode step's

@@ -43,10 +43,6 @@ class InferenceCopy:
         family = family_for(config.model_type)
         if family.prepare_model is not None:
             family.prepare_model(model)
-        if cfg is not None and cfg.rollout.exact:
-            from graft.engine.exact import install_exact_kernels
-
-            install_exact_kernels(model, family)
         if getattr(trained, "generation_config", None) is not None:
             model.generation_config = copy.deepcopy(trained.generation_config)
         self.model = model.eval().requires_grad_(False)

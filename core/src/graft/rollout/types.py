@@ -36,8 +36,8 @@ class RolloutSample:
         extras: per-token tensors plugins recorded (``graft_rollout_end``), one row per token of
             prompt + response.
         engine_extras: per-request outputs a plugin asked the engine for
-            (``RolloutEngine.request_extras``), as the engine returned them (e.g. vLLM's
-            ``routed_experts`` array); plugins turn them into ``extras``.
+            (``RolloutEngine.request_extras``), as the engine returned them (e.g. a serving
+            engine's ``routed_experts`` array); plugins turn them into ``extras``.
         loss_mask: which response tokens the loss covers (``len(response_ids)``, 1.0 or 0.0):
             a multi-turn episode's model tokens (`graft.rollout.episodes`), not the
             environment's; None: every response token (a single-turn response).
@@ -56,8 +56,8 @@ class RolloutEngine(Protocol):
 
     What plugins see of it (``graft_rollout_begin/end``): ``kind`` (the ``rollout.engine``
     name), ``model`` (the generating ``torch.nn.Module`` when it runs in the trainer, else
-    None), ``llm`` (the vLLM ``LLM`` for the vllm engine on the rank that hosts it, else None)
-    and `request_extras`.
+    None), ``llm`` (an external engine's handle on the rank that hosts it, such as
+    graft-vllm's ``vllm.LLM``, else None) and `request_extras`.
     """
 
     kind: str

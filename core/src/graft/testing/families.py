@@ -1,4 +1,6 @@
-"""`check_family_preset`: the conformance check a model family's preset must pass.
+"""`check_family_preset`: the conformance check a model family's preset must pass; and
+`parallelized_step`, one training step's log-probs and gradients through the core's
+`parallelize`, for a ``graft_pre_shard`` plugin's tests (the same results with it as without).
 
 What the engine relies on, checked on the preset's tiny model: seeded builds are identical,
 ``decoder_blocks`` lists every layer, packed rows give the same log-probs and gradients as each
@@ -90,6 +92,34 @@ def check_family_preset(preset: str, *, num_routers: int | None = None, seed: in
         assert len(family.router_modules(model)) == num_routers
         if family.routing_weights is not None:
             check_routers(model, family)
+
+
+def parallelized_step(preset: str, *overrides: str
+                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Log-probs and full (unsharded) gradients of one forward + backward of a packed
+    micro-batch of two samples (45 and 30 tokens), fp32 on the CPU, on ``preset``'s model
+    (seed 0) built and parallelized as a run does (activation checkpointing, FSDP2 over the
+    process's data-parallel mesh, the ``graft_pre_shard`` plugins) with the config
+    ``overrides``. The loss is the log-probs weighted by seeded random weights."""
+    from graft.config import compose
+    from graft.engine.distributed import init_distributed
+    from graft.engine.parallelize import parallelize
+
+    env = init_distributed(device_preference="cpu")
+    cfg = compose([f"model.preset={preset}", "engine.device=cpu",
+                   "engine.activation_checkpointing=true", *overrides])
+    model, family = build_model(cfg.model, seed=0)
+    model = parallelize(model.float(), family, cfg=cfg, mesh=env.mesh, device=env.device).train()
+    generator = torch.Generator().manual_seed(1)
+    samples = [TokenSample([1, *torch.randint(3, 100, (n,), generator=generator).tolist()], 3)
+               for n in (45, 30)]
+    batch = build_micro_batch(samples, packs_sequences=family.packs_sequences, pad_token_id=0)
+    logp, _ = forward_logprobs(model, family, batch, compute_dtype=torch.float32,
+                               chunk_tokens=cfg.engine.logprob_chunk_tokens)
+    weights = torch.randn(logp.shape, generator=generator) * batch.tensors["loss_mask"]
+    (logp * weights).sum().backward()
+    return logp.detach(), {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()
+                           if p.grad is not None}
 
 
 EXPORT_BATCH = [[1, 70, 83, 84, 93, 4, 69, 70, 71, 30], [1, 21, 22, 15, 23, 33, 40, 41, 42, 43]]

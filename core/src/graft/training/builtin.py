@@ -1,23 +1,24 @@
-"""The core's trainer modes, registered as a built-in plugin (``graft_trainer_modes``).
+"""The training package's hooks, registered as a built-in plugin: the ``sft`` trainer mode, the
+``trainer_modes`` registry, the rule that ties ``engine.ep_size`` to the model family, and
+``graft train``'s pre-flight of the files a run loads.
 
-Kept free of torch imports at module level: the plugin manager loads it for every command.
+Kept free of torch imports at module level: the plugin manager loads it for every command, and
+the pre-flight runs before torchrun starts ranks.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from graft.errors import ConfigError
 from graft.hookspecs import hookimpl
+from graft.plugins import GraftPluginManager
+from graft.plugins.registry import registry_names
 
-
-def rl_job(*, cfg: Any, tokenizer: Any, env: Any) -> Any:
-    """Generate, score, update, push weights to the generator, repeat."""
-    from graft.data.sampler import check_every_rank_gets_samples
-    from graft.rl.job import RLJob
-
-    check_every_rank_gets_samples(cfg.rollout.prompts_per_step, env.dp_size,
-                                  key="rollout.prompts_per_step", what="prompts")
-    return RLJob(cfg, tokenizer, env)
+RUNS = Path("runs")  # where a run without trainer.run_dir goes (graft.training.run_dir.RUNS)
 
 
 def sft_job(*, cfg: Any, tokenizer: Any, env: Any) -> Any:
@@ -32,6 +33,85 @@ def sft_job(*, cfg: Any, tokenizer: Any, env: Any) -> Any:
 
 @hookimpl
 def graft_trainer_modes() -> dict[str, Any]:
-    """``rl`` and ``sft``."""
-    return {"rl": rl_job, "sft": sft_job}
+    """``sft`` (``rl`` comes from `graft.rl.builtin`)."""
+    return {"sft": sft_job}
 
+
+@hookimpl
+def graft_config_choices() -> dict[str, Any]:
+    """``trainer_modes``."""
+    return {"trainer_modes": registry_names("graft_trainer_modes", "trainer mode")}
+
+
+@hookimpl
+def graft_config_rules() -> list[Any]:
+    """`expert_parallel_needs_a_family`."""
+    return [expert_parallel_needs_a_family]
+
+
+def expert_parallel_needs_a_family(cfg: Any, manager: GraftPluginManager) -> None:
+    """``engine.ep_size > 1`` only with a model family that implements expert parallelism
+    (checked before any rank starts, so ``graft train --nproc N`` fails in one line)."""
+    ep = cfg.engine.ep_size  # >= 1: a `bounded` field
+    if ep == 1:
+        return
+    from graft.engine.parallelize import check_expert_parallel
+    from graft.models.build import local_model_type
+    from graft.models.registry import family_for, model_families, preset
+
+    if cfg.model.path:
+        model_type = local_model_type(cfg.model.path)
+        if model_type is None:  # not on this machine (an example for a cluster): checked at load
+            return
+        family = family_for(model_type, manager)
+    else:
+        family = preset(cfg.model.preset, manager)[0]
+    check_expert_parallel(family, ep, list(model_families(manager).values()))
+
+
+@hookimpl(trylast=True)
+def graft_preflight(cfg: Any) -> None:
+    """Raise the `graft.errors.GraftError` that loading ``cfg``'s model directory and weights
+    (``model.path``), tokenizer files (``data.tokenizer``, else ``model.path``) or dataset files
+    (``data.path`` for ``data.source=file``, ``data.val_path``) would raise, in the order a run
+    loads them; then check that the run directory can be written (`check_run_dir_writable`).
+    Each check is the function loading itself calls, so the message is the same either way."""
+    from graft.data.files import dataset_file, training_file
+    from graft.data.tokenizer import tokenizer_source
+    from graft.models.build import model_weights
+
+    if cfg.model.path:
+        model_weights(cfg.model.path)
+    tokenizer_source(cfg.data.tokenizer, cfg.model.path)
+    path = training_file(cfg.data)
+    if path is not None:
+        dataset_file(path, "data.path")
+    if cfg.data.val_path:
+        dataset_file(cfg.data.val_path, "data.val_path")
+    check_run_dir_writable(cfg.trainer.run_dir)
+
+
+def check_run_dir_writable(run_dir: str | None) -> None:
+    """`ConfigError` unless files can be created in ``trainer.run_dir`` (unset: under ``runs/``
+    in the current folder), or in the nearest existing folder above it when it does not exist
+    yet: a read-only disk, a missing permission, or a file where a folder is needed. A probe
+    file is created there and removed at once (a permission check alone misses read-only
+    mounts for root)."""
+    target = Path(run_dir).expanduser() if run_dir else RUNS
+    what = (f"trainer.run_dir {run_dir!r}" if run_dir
+            else f"trainer.run_dir is unset, so the run goes under {str(RUNS)!r}, and that")
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{what} cannot be created: {existing} is a file, not a folder; set "
+                          f"trainer.run_dir to a folder you can write to")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".graft-write-check-", dir=existing)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as exc:
+        where = "" if existing == target else f" (in {existing}, where it would be created)"
+        raise ConfigError(f"{what} is not writable: cannot create a file{where}: "
+                          f"{exc.strerror or exc}; set trainer.run_dir to a folder you can "
+                          f"write to") from exc

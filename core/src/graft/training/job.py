@@ -35,6 +35,12 @@ class TrainingJob(Protocol):
         """Release what `attach` started; idempotent."""
 
 
+def validation_due(step: int, *, every: int, total_steps: int) -> bool:
+    """Whether a job validates after ``step`` (its ``after_step``; 0: before the first): at 0,
+    every ``every`` steps and at the last step; never when ``every`` is 0."""
+    return every > 0 and (step == 0 or step % every == 0 or step == total_steps)
+
+
 def trainer_modes(manager: Any = None) -> dict[str, Any]:
     """Every trainer-mode job factory by name (core and plugins); two providers of one name is
     a `PluginError` naming both."""

@@ -7,7 +7,7 @@ metrics hold ``epoch``: samples drawn so far over the dataset's size.
 Validation: with ``data.val_path`` and ``trainer.val_every_steps`` > 0 the job computes
 ``val/loss``, the mean negative log-likelihood per trained token of the held-out set (the
 first ``val.max_prompts`` samples; default all), before the first step, every
-``val_every_steps`` steps and after the last (`graft.rl.validation.validation_due`, as RL). Each
+``val_every_steps`` steps and after the last (`graft.training.job.validation_due`, as RL). Each
 data-parallel rank scores its share and the sums are all-reduced. It runs without gradients and
 leaves the optimizer, the schedule and the RNG alone, so the training losses are the same with
 validation on or off. Its forward is told ``ref_logprobs`` (plugins' forward hooks): a no-grad
@@ -29,7 +29,7 @@ from graft.engine.phase import REF_LOGPROBS, SFT
 from graft.engine.train_engine import TrainEngine
 from graft.losses.aggregation import loss_scale_factor
 from graft.losses.separable import token_separable
-from graft.rl.validation import validation_due
+from graft.training.job import validation_due
 from graft.training.metrics import console_print
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class SFTJob:
     def after_step(self, engine: TrainEngine, *, step: int, total_steps: int
                    ) -> dict[str, float]:
         """After step ``step`` (0: before the first; every rank): ``val/loss`` when validation
-        is due (`graft.rl.validation.validation_due`), else nothing."""
+        is due (`graft.training.job.validation_due`), else nothing."""
         every = self.cfg.trainer.val_every_steps
         if self.val_samples is None or not validation_due(step, every=every,
                                                           total_steps=total_steps):

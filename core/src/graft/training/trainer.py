@@ -53,7 +53,8 @@ def build_engine(cfg: Any, env: DistEnv, *, pad_token_id: int) -> TrainEngine:
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.trainer.total_steps)
     policy = mixed_precision_policy(cfg.engine.mixed_precision, env.device)
     compute_dtype = policy.param_dtype or next(model.parameters()).dtype
-    return TrainEngine(model, family, optimizer, scheduler, env, cfg, compute_dtype, pad_token_id)
+    return TrainEngine(model, family, optimizer, scheduler, env, cfg, compute_dtype, pad_token_id,
+                       say=console_print)
 
 
 class Trainer:

@@ -81,5 +81,7 @@ def deepseek_v4_family() -> ModelFamily:
                        prepare_model=prepare_model,
                        router_modules=routers_at("gate"), routing_weights=routing_weights,
                        static_routing=is_hash_router,
-                       exact_unsupported="its compressed attention and sparse indexer (top-k "
-                       "key selection) have no exact kernel yet")
+                       # graft-exact's reason to refuse the family (features.exact.enabled)
+                       extras={"exact": {"unsupported": "its compressed attention and sparse "
+                                                        "indexer (top-k key selection) have no "
+                                                        "exact kernel yet"}})

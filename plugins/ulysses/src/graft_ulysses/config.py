@@ -33,10 +33,10 @@ def run_conflict(cfg: Any) -> str | None:
                 f"not supported: the sp ranks of one data shard must train on one set of "
                 f"episodes and environments keep per-rank state; set "
                 f"features.ulysses.sp_size=1 or drop the environment")
-    if getattr(cfg.rollout, "exact", False):
-        return (f"features.ulysses.sp_size={size} with rollout.exact=true is not supported: the "
-                f"exact kernels serve whole rows, not the all-to-all's head shards; set "
-                f"features.ulysses.sp_size=1 or rollout.exact=false")
+    if getattr(getattr(cfg.features, "exact", None), "enabled", False):  # graft-exact's
+        return (f"features.ulysses.sp_size={size} with features.exact.enabled=true is not "
+                f"supported: the exact kernels serve whole rows, not the all-to-all's head "
+                f"shards; set features.ulysses.sp_size=1 or features.exact.enabled=false")
     if cfg.engine.ep_size > 1:
         return (f"features.ulysses.sp_size={size} with engine.ep_size={cfg.engine.ep_size} is not "
                 f"supported yet; set one of them to 1")

@@ -1,4 +1,5 @@
-"""The sink protocol: where exported weights go (a HF directory, a vLLM engine, a dict...)."""
+"""The sink protocol: where exported weights go (a HF directory, a dict, a plugin's inference
+engine...)."""
 
 from __future__ import annotations
 
@@ -87,8 +88,8 @@ class WeightSink(Protocol):
     """Receives one export. Tensors passed to `consume` are views of a reused buffer: copy what
     you keep before returning. After `abort` the consumer must still hold its previous weights.
 
-    A sink may declare a ``consumer`` attribute (`graft.export.context.CONSUMERS`: ``hf``, the
-    default, or ``vllm``): handlers produce the names and layouts that consumer loads. A sink
+    A sink may declare a ``consumer`` attribute (`graft.export.CONSUMERS`: ``hf``, the
+    default, or ``inference``): handlers produce the names and layouts that consumer loads. A sink
     with ``consume_rows`` takes the blocks of expert-parallel fused tensors as they stream; one
     without it gets them as whole tensors (the exporter assembles them first, on the device).
     """
@@ -123,29 +124,38 @@ class RowSink(WeightSink, Protocol):
 
 
 class StagingSink:
-    """Copies each bucket out of the exporter's reused buffer into ``_staged`` (CPU) and applies
-    nothing until `finish`, so an aborted export leaves the consumer as it was."""
+    """Copies each bucket out of the exporter's reused buffer into ``staged`` (CPU tensors by HF
+    name) and applies nothing until `finish`, so an aborted export leaves the consumer as it was.
+
+    A subclass implements ``finish``: `check_complete` first, then apply ``staged`` to its
+    consumer. ``staged`` is emptied by `begin` and `abort`.
+    """
 
     def __init__(self) -> None:
-        self._staged: dict[str, torch.Tensor] = {}
+        self.staged: dict[str, torch.Tensor] = {}
         self._rows = RowAssembler()
 
     def begin(self) -> None:
         """Start staging."""
-        self._staged = {}
+        self.staged = {}
         self._rows.clear()
+
+    def check_complete(self) -> None:
+        """A `GraftError` naming the tensors some of whose row blocks never arrived; call it in
+        ``finish`` before applying ``staged``."""
+        self._rows.check_complete()
 
     def consume(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Stage copies of full tensors."""
         for name, tensor in tensors:
-            self._staged[name] = tensor.detach().to("cpu", copy=True)
+            self.staged[name] = tensor.detach().to("cpu", copy=True)
 
     def consume_rows(self, blocks: list[RowBlock]) -> None:
         """Assemble row blocks into staged host tensors."""
         for block in blocks:
             whole = self._rows.add(block)
             if whole is not None:
-                self._staged[block.name] = whole
+                self.staged[block.name] = whole
 
     def abort(self, error: BaseException) -> None:
         """Drop what was staged."""

@@ -28,15 +28,15 @@ class StateDictSink(StagingSink):
         """Stage row updates (applied in `finish`)."""
         for entry in entries:
             if entry.rows is None:
-                self._staged[entry.name] = entry.values.detach().to("cpu", copy=True)
+                self.staged[entry.name] = entry.values.detach().to("cpu", copy=True)
             else:
                 self._staged_rows.append(DeltaEntry(entry.name, entry.values.detach().cpu(),
                                                     entry.rows.detach().cpu()))
 
     def finish(self) -> None:
         """Apply everything staged at once."""
-        self._rows.check_complete()
-        self.weights.update(self._staged)
+        self.check_complete()
+        self.weights.update(self.staged)
         for entry in self._staged_rows:
             self.weights[entry.name][entry.rows] = entry.values
         self.begin()

