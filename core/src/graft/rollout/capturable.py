@@ -2,7 +2,7 @@
 
 transformers' ``eager`` experts loop over the experts the batch hit, which they find with
 ``nonzero`` on the host: a capture fails there ("operation not permitted when stream is
-capturing", on an H200 with graft-exact's kernels on tiny-qwen3-moe when they used them; they
+capturing", seen on a GPU with graft-exact's kernels on tiny-qwen3-moe when they used them; they
 now give such models an experts implementation of their own). Such a model's decode step runs
 eagerly (`graft.rollout.graphed_decode.GraphedDecoder` without graphs, as on CPU).
 """
