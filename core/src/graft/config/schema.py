@@ -174,8 +174,8 @@ class EngineConfig:
     # Pack a micro-batch's samples into rows of at most this many tokens (0: one row). Attention
     # over a packed row costs the square of its length unless the attention kernel skips
     # masked blocks (flex_attention), so shorter rows can be much faster for short samples.
-    # null = auto (graft.config.auto): 2048 on CUDA (the RL update 2.5x faster on an H200,
-    # bench/README.md), 0 on CPU.
+    # null = auto (graft.config.auto): 2048 on CUDA (the faster RL update, bench/README.md), 0
+    # on CPU.
     max_tokens_per_row: int | None = bounded(None, ge=0, note="0: one row per micro-batch; "
                                              "null: auto")
     # Pad each packed micro-batch to a multiple of pad_to_length_bucket tokens, so compiled
@@ -262,8 +262,7 @@ class RolloutConfig:
     top_p: float = bounded(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = bounded(8, ge=1)
     # embedded only. auto (graft.config.auto): static on CUDA (with decode_compile=cudagraphs
-    # and decode_fuse_kernels, 13.8x the rollout tokens/s of dynamic on an H200,
-    # bench/README.md), dynamic on CPU.
+    # and decode_fuse_kernels: the fastest rollout measured, bench/README.md), dynamic on CPU.
     # dynamic: the trained (sharded) model generates with a growing KV cache.
     # static: a plain copy of the weights in the compute dtype (refreshed after every update)
     # generates with a static KV cache (for models transformers compiles whole), its decode step
@@ -275,16 +274,15 @@ class RolloutConfig:
     #   (prompt + max_new_tokens) keys and values per layer, the smaller batches' its first rows)
     #   and graphs stay allocated between rollouts. Models with sliding-window attention:
     #   transformers' compiled step, cudagraphs backend.
-    # inductor: transformers' compiled step, fused kernels (2.6x slower than cudagraphs on an
-    #   H200 in bench/README.md, rounding differently from the trainer's forward).
+    # inductor: transformers' compiled step, fused kernels (slower than cudagraphs in
+    #   bench/README.md, rounding differently from the trainer's forward).
     # none: transformers, eager.
     decode_compile: str = choice("cudagraphs", ("cudagraphs", "inductor", "none"))
     # cudagraphs, on GPU: compile the step with inductor before capturing it, rounding wherever
     # the eager ops round (emulate_precision_casts); GEMMs and attention stay the eager kernels.
-    # 1.7x the rollout tokens/s of the eager kernels on an H200 (bench/README.md). One graph for
-    # every decoder block (graft.rollout.regional_compile): the first step of a 1.1B model began
-    # 43 s after a fresh process started there, 27 s with a filled compile cache. false:
-    # capture the eager kernels.
+    # Faster than the eager kernels (bench/README.md). One graph for every decoder block
+    # (graft.rollout.regional_compile), kept in the compile cache. false: capture the eager
+    # kernels.
     decode_fuse_kernels: bool = True
     # Multi-turn episodes with an environment plugin's tools (graft_environments; graft
     # plugins lists them), on any rollout engine; none = one response per prompt.

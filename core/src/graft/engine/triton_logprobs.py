@@ -7,10 +7,9 @@ label's logit: ``logp = logits[label] / T - lse`` and ``lse``. ``backward``: one
 (token, block of the vocabulary) writes ``(onehot - exp(logits / T - lse)) * grad / T`` in the
 logits' dtype: `graft.engine.logprobs`' formulas, element by element.
 
-What `torch.compile` generated for the same math (dynamic shapes) ran at about a third of the
-memory's bandwidth: at Llama-8B's 128,256-token vocabulary and 32K tokens on an H100 its
-backward took 16.6 ms and its forward 8.3 ms of a 170 ms head (bench/gpu/head_profile.py);
-these take 5.7 and 2.9 ms. Runs on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
+What `torch.compile` generated for the same math (dynamic shapes) ran well below the memory's
+bandwidth; these kernels' times against it are in bench/README.md (bench/gpu/head_profile.py).
+Runs on CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ finished rows stop costing compute. With SDPA, a decode step attends with groupe
 query heads of a key/value head as one query block, `graft.rollout.decode_attention`) instead of
 copying every cached key and value once per query head, as transformers' SDPA path does when a
 mask is given; and only to the cache slots filled so far, rounded up (one graph per such length,
-`_attended_lengths`), not to the empty end of the cache: on an H200 the attention was the
-largest single cost of a step at batch 256.
+`_attended_lengths`), not to the empty end of the cache: at large batches the attention was
+the largest single cost of a step (bench/README.md).
 
 Only for models whose attention is full and causal over one static cache (``layer_types`` all
 ``full_attention``, no sliding window): others keep transformers' path

@@ -1,7 +1,7 @@
 """One compiled graph for every decoder block of the graphed decode loop (regional compilation).
 
-Compiling the decode step whole traces, lowers and schedules every layer again: on an H200 the
-first rollout of a 22-layer 1.1B model spent about 190 s compiling. The layers are the same code
+Compiling the decode step whole traces, lowers and schedules every layer again, so a first
+rollout spent minutes compiling (bench/README.md). The layers are the same code
 with other weights, so here each block's ``forward`` goes through one compiled function per
 block class, and all blocks reuse its graph (their parameters are graph inputs).
 

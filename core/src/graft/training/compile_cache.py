@@ -7,7 +7,7 @@ and AOTAutograd its joint graphs in ``TORCHINDUCTOR_CACHE_DIR``, by default a fo
 ``$XDG_CACHE_HOME/graft/torch_compile`` (``~/.cache/graft/torch_compile``), and turns on the FX
 graph and AOTAutograd caches (on by default in torch 2.11-2.14; set again in case a user's
 config turned them off). Dynamo still traces the Python code again in every process; what the
-caches save is the compilation that follows (on an H200 most of a first step's compile time).
+caches save is the compilation that follows (most of a first step's compile time on a GPU, bench/README.md).
 
 Graft writes nothing there itself: torch does, on the first compilation, and Graft never deletes
 anything in it. The same folder serves any model: torch's cache keys hold the graph, the
