@@ -152,7 +152,7 @@ def export_rows_for(model: torch.nn.Module, ep: int, device: torch.device, args)
                             torch.device("cpu")))
     rows = []
     for layout, sink_class, target, bucket_device in variants:
-        exporter = WeightExporter(model, bucket_bytes=bucket, dtype=torch.bfloat16, delta=False,
+        exporter = WeightExporter(model, bucket_bytes=bucket, dtype=torch.bfloat16,
                                   is_main=is_main, bucket_device=bucket_device)
         sink = sink_class() if is_main else None
         seconds, peak, repeats = export_bench.measure(

@@ -216,7 +216,7 @@ def main() -> None:
             print(json.dumps(entry), flush=True)
 
     def exporter(bucket_device: torch.device) -> WeightExporter:
-        return WeightExporter(model, bucket_bytes=bucket, dtype=cast, delta=False,
+        return WeightExporter(model, bucket_bytes=bucket, dtype=cast,
                               is_main=env.is_main, bucket_device=bucket_device)
 
     def with_consumer():

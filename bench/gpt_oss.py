@@ -192,7 +192,7 @@ def export_rows(model: torch.nn.Module, device: torch.device, args) -> list[dict
                                                                      torch.device("cpu"))):
                 if device.type == "cpu" and target == "pinned host":
                     continue
-                exporter = WeightExporter(model, bucket_bytes=bucket, dtype=dtype, delta=False,
+                exporter = WeightExporter(model, bucket_bytes=bucket, dtype=dtype,
                                           is_main=True, bucket_device=bucket_device)
                 sink = sink_class()
                 seconds, peak, repeats = export_bench.measure(

@@ -56,7 +56,7 @@ def worker(method: str, hf_dir: str, out: str) -> None:
     build_skeleton(cfg.model)  # imports the model's modules: not part of what loading costs
     before = current_rss_gib()
     if method == "sharded":
-        build_parallel_model(cfg, env)
+        build_parallel_model(env, cfg=cfg)
     else:  # every rank reads the whole checkpoint, then shards it
         model, family = build_model(cfg.model)
         parallelize(model, family, cfg=cfg, mesh=env.mesh, device=env.device, meshes=env.meshes)

@@ -71,7 +71,7 @@ def main() -> None:
     for pool, workers in (("thread", 4), ("process", 1), ("process", 2), ("process", 4)):
         cfg = compose(["algorithm.reward=math", f"algorithm.reward_pool={pool}",
                        f"algorithm.reward_workers={workers}"])
-        scorer = RewardScorer(cfg, batches[0][1])
+        scorer = RewardScorer(batches[0][1], cfg=cfg)
         try:
             seconds = timed_batches(scorer.score, batches)
         finally:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,11 +41,11 @@ TRANSFORMERS_VERSIONS = (
     "tests/core/engine/test_activation_checkpointing.py",
     "tests/core/engine/test_dtype_units.py",
     "tests/core/models/test_kv_cache.py",
-    "tests/core/rollout/test_graphed_decode.py",
-    "tests/core/rollout/test_regional_compile.py",
     "tests/core/training/test_reference_metrics.py",
     "tests/deepseek_v4/test_model_path.py",
     "tests/gpt_oss/test_family.py",
+    "tests/graphed_decode/test_decoder.py",
+    "tests/graphed_decode/test_regional_compile.py",
     "tests/offload/test_offloader.py",
     "tests/offload/test_patching.py",
     "tests/router_replay/test_recorder.py",
@@ -174,3 +175,42 @@ def interpreted_ok() -> Callable[..., None]:
         assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-3000:]
 
     return run
+
+
+@pytest.fixture
+def source_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
+    """``source_module(name, source)``: the module ``name`` written from ``source`` into a
+    temporary folder on ``sys.path`` and imported (reward functions that worker processes must
+    import by name); forgotten again after the test."""
+    import importlib
+    import textwrap
+
+    names = []
+
+    def load(name: str, source: str) -> Any:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        monkeypatch.syspath_prepend(str(tmp_path))
+        names.append(name)
+        return importlib.import_module(name)
+
+    yield load
+    for name in names:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def trained_moe(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A `graft.training.trainer.Trainer` of a tiny Qwen3-MoE after one SFT step on CPU, for
+    the export tests (the core's and graft-vllm's delta export); one per test module, which may
+    train it further."""
+    from graft.config import compose
+    from graft.training.trainer import Trainer
+
+    run_dir = tmp_path_factory.mktemp("export-run")
+    cfg = compose([f"trainer.run_dir={run_dir}", "trainer.total_steps=1",
+                   "model.preset=tiny-qwen3-moe", "engine.device=cpu", "optim.lr=1e-4",
+                   "trainer.mode=sft",
+                   "export.hf_at_end=false", "checkpoint.every_steps=0"])
+    trainer = Trainer(cfg)
+    trainer.fit()
+    return trainer

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from graft.config import compose
-from graft.rollout.graphed_decode import GraphedDecoder
 from graft.training.trainer import Trainer
+from graft_graphed_decode.decoder import GraphedDecoder
 
 SHAPES = {"hidden_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16,
           "num_key_value_heads": 4, "head_dim": 64, "num_local_experts": 64, "num_experts_per_tok": 8,

@@ -1,8 +1,9 @@
-"""SDPA backends for the graphed decode loop's attention (`graft.rollout.decode_attention`), at
-its shapes: one query per row, the 8 query heads of each key/value head as one block, a boolean
-key mask, keys cut to the attended length. Per backend, batch size and attended length:
-microseconds per call (the mean of ``--repeats`` calls between CUDA events, one layer's worth)
-and how far its output is from a float64 reference next to how far cuDNN's is.
+"""SDPA backends for the graphed decode loop's attention
+(`graft_graphed_decode.decode_attention`), at its shapes: one query per row, the 8 query heads
+of each key/value head as one block, a boolean key mask, keys cut to the attended length. Per
+backend, batch size and attended length: microseconds per call (the mean of ``--repeats`` calls
+between CUDA events, one layer's worth) and how far its output is from a float64 reference next
+to how far cuDNN's is.
 
 TinyLlama-1.1B shapes (32 heads, 4 key/value heads, head dim 64), a 320-slot cache with random
 left padding. Which backend SDPA picks by itself is the "default" row.

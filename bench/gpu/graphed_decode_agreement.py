@@ -18,8 +18,9 @@ import time
 import torch
 from graphed_decode_check import prompts, run, tinyllama, write
 
-from graft.rollout import SamplingSpec, graphed_decode
-from graft.rollout.graphed_decode import GraphedDecoder
+import graft_graphed_decode.decoder as graphed_decode
+from graft.rollout import SamplingSpec
+from graft_graphed_decode.decoder import GraphedDecoder
 
 
 def first_differences(tokens: torch.Tensor, other: torch.Tensor, logprobs: torch.Tensor,

@@ -1,7 +1,7 @@
-"""GPU check of Graft's graphed decode loop (`graft.rollout.graphed_decode`): the decode step
-replayed from a CUDA graph samples the same tokens with the same log-probs as the same step run
-eagerly (same generator state), one graph per (batch, cache length, attended length), reused
-across calls.
+"""GPU check of Graft's graphed decode loop (graft-graphed-decode's
+`graft_graphed_decode.decoder`): the decode step replayed from a CUDA graph samples the same
+tokens with the same log-probs as the same step run eagerly (same generator state), one graph per
+(batch, cache length, attended length), reused across calls.
 
 A TinyLlama-1.1B-shaped Llama (random bf16 weights, SDPA), 64 left-padded prompts of 8-40
 tokens, 64 new tokens; a small Llama with a 12-token vocabulary whose rows end early (EOS is
@@ -29,7 +29,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from graft.rollout import SamplingSpec
-from graft.rollout.graphed_decode import GraphedDecoder
+from graft_graphed_decode.decoder import GraphedDecoder
 
 SHAPES = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
           "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 64,

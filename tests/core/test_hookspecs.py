@@ -58,6 +58,8 @@ def test_hook_specs_are_the_design_table() -> None:
         # added so the config is a leaf: each package registers the registries its choices
         # name and graft train's pre-flight checks (#37)
         "graft_config_choices", "graft_preflight",
+        # added so a plugin supplies the static copy's decode loop (graft-graphed-decode, #37)
+        "graft_static_decoder",
     }
 
 

@@ -1,4 +1,4 @@
-"""The exact kernels keep the decode loop's CUDA graphs: MoE models get the exact experts
+"""The exact kernels keep graft-graphed-decode's CUDA graphs: MoE models get the exact experts
 (`graft_exact.experts`, no host synchronisation), which a graph captures, and the exact
 attention takes the loop's boolean masks (`graft.rollout.register_boolean_mask_attention`)."""
 
@@ -11,8 +11,8 @@ from graft_exact.experts import EXACT_EXPERTS
 from transformers import AutoModelForCausalLM
 
 from graft.models.builtin import tiny_deepseek_v3, tiny_llama, tiny_qwen3_moe
-from graft.rollout.capturable import host_synchronising_experts
-from graft.rollout.graphed_decode import GraphedDecoder, decodes_with_graphs
+from graft_graphed_decode.capturable import host_synchronising_experts
+from graft_graphed_decode.decoder import GraphedDecoder, decodes_with_graphs
 
 
 def decoder(model) -> GraphedDecoder:

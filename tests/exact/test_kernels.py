@@ -6,16 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from graft_exact import reductions
 from graft_exact.matmul import ROW_TILE, exact_addmm, exact_mm
-from graft_exact.reductions import (
-    exact_log_softmax,
-    exact_logsumexp,
-    exact_sigmoid,
-    exact_silu,
-    exact_softmax,
-    tree_mean,
-    tree_sum,
-)
 
 ROW_COUNTS = (1, 2, 3, 7, ROW_TILE - 1, ROW_TILE, ROW_TILE + 1, 3 * ROW_TILE + 5)
 
@@ -56,26 +48,27 @@ def test_addmm_rounds_the_product_then_adds_the_bias() -> None:
 def test_a_tree_sum_is_the_same_whatever_the_zero_padding() -> None:
     torch.manual_seed(2)
     values = torch.randn(6, 37)
-    total = tree_sum(values, -1)
+    total = reductions.tree_sum(values, -1)
     for width in (64, 128, 1024):
         padded = torch.cat([values, torch.zeros(6, width - 37)], dim=-1)
-        assert torch.equal(tree_sum(padded, -1), total)
+        assert torch.equal(reductions.tree_sum(padded, -1), total)
     torch.testing.assert_close(total, values.sum(-1), rtol=1e-5, atol=1e-5)
-    assert torch.equal(tree_sum(values[3:4], -1), total[3:4])
-    assert torch.equal(tree_sum(values.t().contiguous(), 0), total)  # another layout, same sums
+    assert torch.equal(reductions.tree_sum(values[3:4], -1), total[3:4])
+    assert torch.equal(reductions.tree_sum(values.t().contiguous(), 0), total)  # another layout, same sums
 
 
 def test_tree_reductions_keep_torchs_signature() -> None:
     values = torch.randn(3, 4, 5)
-    torch.testing.assert_close(tree_sum(values, (0, 2), keepdim=True),
+    torch.testing.assert_close(reductions.tree_sum(values, (0, 2), keepdim=True),
                                values.sum((0, 2), keepdim=True))
-    torch.testing.assert_close(tree_mean(values, -1), values.mean(-1))
-    torch.testing.assert_close(tree_sum(values, None), values.sum())
-    assert tree_sum(values.bfloat16(), -1).dtype == torch.bfloat16
-    assert tree_sum(torch.empty(2, 0), -1).tolist() == [0.0, 0.0]
+    torch.testing.assert_close(reductions.tree_mean(values, -1), values.mean(-1))
+    torch.testing.assert_close(reductions.tree_sum(values, None), values.sum())
+    assert reductions.tree_sum(values.bfloat16(), -1).dtype == torch.bfloat16
+    assert reductions.tree_sum(torch.empty(2, 0), -1).tolist() == [0.0, 0.0]
 
 
-@pytest.mark.parametrize("kernel", [exact_softmax, exact_log_softmax, exact_logsumexp])
+@pytest.mark.parametrize("kernel", [reductions.exact_softmax, reductions.exact_log_softmax,
+                                    reductions.exact_logsumexp])
 def test_a_rows_softmax_does_not_depend_on_the_other_rows(kernel) -> None:
     torch.manual_seed(3)
     rows = torch.randn(300, 129) * 4
@@ -83,18 +76,18 @@ def test_a_rows_softmax_does_not_depend_on_the_other_rows(kernel) -> None:
     whole = kernel(rows, -1)
     for first, count in ((0, 1), (7, 1), (10, 33), (0, 300)):
         assert torch.equal(kernel(rows[first:first + count], -1), whole[first:first + count])
-    reference = {exact_softmax: torch.softmax, exact_log_softmax: torch.log_softmax,
-                 exact_logsumexp: torch.logsumexp}[kernel]
+    reference = {reductions.exact_softmax: torch.softmax, reductions.exact_log_softmax: torch.log_softmax,
+                 reductions.exact_logsumexp: torch.logsumexp}[kernel]
     torch.testing.assert_close(whole, reference(rows, -1))
 
 
 def test_a_row_of_minus_infinity_gives_what_torch_gives() -> None:
     rows = torch.full((2, 4), float("-inf"))
-    assert torch.equal(exact_logsumexp(rows, -1), torch.logsumexp(rows, -1))
+    assert torch.equal(reductions.exact_logsumexp(rows, -1), torch.logsumexp(rows, -1))
 
 
-@pytest.mark.parametrize(("kernel", "reference"), [(exact_silu, F.silu),
-                                                   (exact_sigmoid, torch.sigmoid)])
+@pytest.mark.parametrize(("kernel", "reference"), [(reductions.exact_silu, F.silu),
+                                                   (reductions.exact_sigmoid, torch.sigmoid)])
 def test_an_activation_does_not_depend_on_the_elements_position(kernel, reference) -> None:
     torch.manual_seed(4)
     values = torch.randn(4099) * 6

@@ -15,7 +15,7 @@ from graft.errors import ConfigError
     (["rollout.engine=vllm"], "rollout.engine=embedded"),
     (["rollout.decode=static", "rollout.decode_compile=inductor"], "decode_compile=inductor"),
     (["engine.compile=true"], "engine.compile=true"),
-    (["rollout.decode_fuse_kernels=true"], "decode_fuse_kernels=true"),
+    (["features.graphed_decode.fuse_kernels=true"], "graphed_decode.fuse_kernels=true"),
     (["model.preset=tiny-qwen3-moe", "+model.overrides.use_sliding_window=true",
       "+model.overrides.sliding_window=16"], "sliding_window"),
     (["model.preset=tiny-gpt-oss"], "attention sinks"),
@@ -34,11 +34,12 @@ def test_exact_is_off_by_default_and_composes_for_the_core_presets() -> None:
 
 
 def test_the_fused_decode_kernels_are_off_unless_the_user_asked() -> None:
-    assert compose([]).rollout.decode_fuse_kernels is True
+    """graft-graphed-decode's fused decode step (``features.graphed_decode.fuse_kernels``)."""
+    assert compose([]).features.graphed_decode.fuse_kernels is True
     cfg = compose(["features.exact.enabled=true"])
-    assert cfg.rollout.decode_fuse_kernels is False
-    assert compose(["features.exact.enabled=true",
-                    "rollout.decode_fuse_kernels=false"]).rollout.decode_fuse_kernels is False
+    assert cfg.features.graphed_decode.fuse_kernels is False
+    assert compose(["features.exact.enabled=true", "features.graphed_decode.fuse_kernels=false"]
+                   ).features.graphed_decode.fuse_kernels is False
 
 
 def test_an_operator_without_an_exact_kernel_is_refused_inside_the_mode() -> None:

@@ -14,8 +14,8 @@ HUGE = "The answer is \\boxed{10^{10^{10}}}."
 
 
 def scores(*overrides: str) -> tuple[list[float], list[float], dict[str, float]]:
-    scorer = RewardScorer(compose(["algorithm.reward=math", "algorithm.reward_workers=2",
-                                   *overrides]))
+    scorer = RewardScorer(cfg=compose(["algorithm.reward=math", "algorithm.reward_workers=2",
+                                       *overrides]))
     samples = [TextSample("q", "", "1", origin="row 1"), TextSample("q", "", "72")]
     try:
         first = scorer.score([HUGE, "\\boxed{72}"], samples)

@@ -17,7 +17,7 @@ import torch
 from graft.config import compose
 from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.engine.parallelize import parallelize
-from graft.export.sinks.state_dict import StateDictSink
+from graft.export.sinks.base import StateDictSink
 from graft.export.stream import WeightExporter, hf_tensors
 from graft.models.build import build_model
 
@@ -32,8 +32,7 @@ def main(out_dir: str, vocab_size: int, dtype_name: str) -> None:
     model, family = build_model(cfg.model)
     reference = {name: tensor.clone() for name, tensor in hf_tensors(model, dtype=dtype)}
     model = parallelize(model, family, cfg=cfg, mesh=env.mesh, device=env.device)
-    exporter = WeightExporter(model, bucket_bytes=BUCKET_BYTES, dtype=dtype, delta=False,
-                              is_main=env.is_main)
+    exporter = WeightExporter(model, bucket_bytes=BUCKET_BYTES, dtype=dtype, is_main=env.is_main)
     sink = StateDictSink() if env.is_main else None
     stats = [exporter.export(sink) for _ in range(2)]  # the second one reuses the plan
     planned = exporter.copy_plan is not None

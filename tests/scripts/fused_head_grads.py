@@ -20,7 +20,7 @@ import torch
 from graft.config import compose
 from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.engine.micro_batch import build_micro_batch
-from graft.losses.modes import BUILTIN_AGG_MODES
+from graft.losses import BUILTIN_AGG_MODES
 from graft.rl.job import rl_loss
 from graft.testing.invariance import fixed_token_samples, rank_groups
 from graft.training.sft import sft_loss
@@ -46,7 +46,7 @@ def main(out_dir: str) -> None:
     engine = build_engine(cfg, env, pad_token_id=0)
     calls: dict[str, int] = {}
     head = engine.model.get_output_embeddings()
-    for name, loss_fn in (("ppo", rl_loss(cfg)), ("sft", sft_loss)):
+    for name, loss_fn in (("ppo", rl_loss(cfg=cfg)), ("sft", sft_loss)):
         for mode in BUILTIN_AGG_MODES:
             cfg.loss.loss_agg_mode = mode
             for fused in (False, True):

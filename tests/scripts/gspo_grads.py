@@ -52,7 +52,7 @@ def main(out_dir: str, micro_batches: int) -> None:
         batch.tensors["old_logprobs"] = logp + noise
         batch.tensors["rollout_logprobs"] = batch.tensors["old_logprobs"] + batch.tensors[
             "rollout_logprobs"]
-    save_gradients_per_mode(engine, batches, rl_loss(cfg), cfg, out_dir, is_main=env.is_main)
+    save_gradients_per_mode(engine, batches, rl_loss(cfg=cfg), cfg, out_dir, is_main=env.is_main)
 
 
 if __name__ == "__main__":

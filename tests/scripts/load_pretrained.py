@@ -24,7 +24,7 @@ from graft.export.stream import hf_tensors
 def main(hf_dir: str, out_dir: str) -> None:
     env = init_distributed(device_preference="cpu")
     cfg = compose([f"model.path={hf_dir}", "engine.device=cpu"])
-    model, _ = build_parallel_model(cfg, env)
+    model, _ = build_parallel_model(env, cfg=cfg)
     rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     weights = {name: tensor.clone() for name, tensor in hf_tensors(model, dtype=None,
                                                                    is_main=env.is_main)}

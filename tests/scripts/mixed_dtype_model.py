@@ -40,7 +40,7 @@ def main(out_dir: str, hf_dir: str | None) -> None:
     source = f"model.path={hf_dir}" if hf_dir else "model.preset=tiny-deepseek-v3"
     cfg = compose([source, "model.dtype=bfloat16", "engine.device=cpu",
                    "engine.mixed_precision=bf16"])
-    model, _ = build_parallel_model(cfg, env)
+    model, _ = build_parallel_model(env, cfg=cfg)
     router = model.model.layers[1].mlp.gate
     computed: dict[str, torch.dtype] = {}
     router.register_forward_pre_hook(lambda m, _: computed.update(router=m.weight.dtype))

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graft.losses.modes import BUILTIN_AGG_MODES
+from graft.losses import BUILTIN_AGG_MODES
 from graft_router_replay.routes import ROUTES
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "split_grads.py"

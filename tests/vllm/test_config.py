@@ -1,7 +1,7 @@
 """graft-vllm's config: the installed plugin passes graft.testing's conformance check, its
 ``features.vllm`` section composes, the context length is fitted to the model when the config
 is composed (issue 36, finding 11: a default lowered, a value set refused, before vLLM starts),
-and the keys that left ``rollout`` are errors naming their new home.
+and the keys that left ``rollout`` (and ``export.delta``) are errors naming their new home.
 
 None of these need vLLM itself."""
 
@@ -33,7 +33,7 @@ def test_the_installed_plugin_passes_graft_testing() -> None:
     assert check_installed_plugin("vllm") == ["graft_config_rules", "graft_config_sections",
                                               "graft_rollout_engines"]
     assert check_config_section("vllm", VLLMConfig) == {"gpu_memory_utilization": 0.3,
-                                                        "max_model_len": 1024}
+                                                        "max_model_len": 1024, "delta": False}
 
 
 def test_the_engine_is_a_choice_only_with_the_plugin(with_vllm: GraftPluginManager) -> None:
@@ -55,10 +55,21 @@ def test_an_old_rollout_key_names_its_new_home(old: str, value: str, tmp_path: P
         compose(config_files=[tmp_path / "run.yaml"])
 
 
+def test_export_delta_names_its_new_home(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'export.delta'.*moved: set 'features.vllm.delta'.*"
+                                          "graft-vllm"):
+        compose(["export.delta=true"])
+    (tmp_path / "run.yaml").write_text("export:\n  bucket_mb: 8\n  delta: true\n")
+    with pytest.raises(ConfigError, match="run.yaml, line 3\\).*'features.vllm.delta'"):
+        compose(config_files=[tmp_path / "run.yaml"])
+    assert compose(["rollout.engine=vllm", "features.vllm.delta=true"]).features.vllm.delta
+
+
 def test_a_saved_config_with_the_old_defaults_still_composes(tmp_path: Path) -> None:
     """A config.yaml of an earlier version lists every key at its default."""
     (tmp_path / "config.yaml").write_text("rollout:\n  engine: vllm\n  max_model_len: 1024\n"
-                                          "  gpu_memory_utilization: 0.3\n")
+                                          "  gpu_memory_utilization: 0.3\nexport:\n"
+                                          "  delta: false\n")
     cfg = compose(config_files=[tmp_path / "config.yaml"])
     assert cfg.rollout.engine == "vllm" and cfg.features.vllm == VLLMConfig()
 

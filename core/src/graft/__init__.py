@@ -11,13 +11,14 @@ from typing import Any
 from graft._version import __version__
 from graft.config.hooks import use_process_manager
 from graft.hookspecs import hookimpl
+from graft.lazy import lazy_attributes
 
 __all__ = ["Trainer", "TrainingJob", "__version__", "build_model", "compose", "hookimpl",
-           "parallelize", "train"]
+           "lazy_attributes", "parallelize", "train"]
 
 # The training API imports torch; it is loaded on first access.
 _LAZY = {
-    "train": "graft.training.api",
+    "train": "graft.training.trainer",
     "Trainer": "graft.training.trainer",
     "TrainingJob": "graft.training.job",
     "build_model": "graft.models.build",
@@ -25,13 +26,7 @@ _LAZY = {
     "compose": "graft.config.compose",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'graft' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 def _process_plugin_manager() -> Any:

@@ -393,6 +393,36 @@ def graft_inference_copy(model: torch.nn.Module, trained: torch.nn.Module, cfg: 
     """
 
 
+@hookspec(firstresult=True)
+def graft_static_decoder(model: torch.nn.Module, pad_token_id: int, eos_token_id: int | None,
+                         device: torch.device, decode_compile: str, cfg: Any) -> Any:
+    """Supply the decode loop the embedded engine's static copy samples with.
+
+    When: once, when the embedded engine builds its static copy (``rollout.decode=static``),
+    after the copy's first refresh (``graft_inference_copy`` ran); on every rank, each for its
+    own copy. Who: a plugin with a decode loop of its own (graft-graphed-decode: the decode step
+    replayed from a CUDA graph). ``model`` is the copy (as in ``graft_inference_copy``);
+    ``pad_token_id`` and ``eos_token_id`` the tokenizer's; ``device`` this rank's;
+    ``decode_compile`` is ``rollout.decode_compile`` (``cudagraphs``, ``inductor`` or ``none``:
+    how transformers' ``generate`` would compile the step); ``cfg`` the root config (None when
+    the engine was built outside a run).
+
+    Return an object whose ``generate(ids, mask, spec)`` samples ``spec.max_new_tokens`` tokens
+    at most (`graft.rollout.SamplingSpec`: temperature, 0 for greedy; top-p) after the
+    left-padded prompts ``ids`` with ``mask`` (both ``(batch, prompt length)``, on ``device``)
+    and returns ``(tokens, logprobs)``, both ``(batch, steps)``: a row padded with
+    ``pad_token_id`` after its EOS (log-prob 0), the log-probs fp32 under ``logits /
+    temperature`` (1 for greedy). Run each step inside the plugins' ``graft_compute`` with
+    `graft.engine.compute` (steps ``prefill``, ``decode``, ``sample_logprobs``, phase
+    ``rollout``) and take the log-probs with `graft.engine.token_logprobs`, as the core does.
+    Return None to pass: transformers' ``generate`` decodes as ``decode_compile`` says.
+
+    May mutate ``model`` (its attention implementation, its blocks' ``forward``), keeping every
+    parameter: the copy is refreshed in place after every update and the loop must read it.
+    ``firstresult``: the first decoder returned is used.
+    """
+
+
 # --------------------------------------------------------------------------------------------
 # Step: once per optimizer step.
 # --------------------------------------------------------------------------------------------

@@ -39,6 +39,13 @@ def test_a_key_that_left_the_core_names_its_new_home(core_only, tmp_path: Path) 
         compose(config_files=[tmp_path / "run.yaml"], manager=core_only)
 
 
+def test_export_delta_names_graft_vllm_without_it(core_only) -> None:
+    with pytest.raises(ConfigError, match="'export.delta' .*moved: set 'features.vllm.delta' "
+                       ".*graft-vllm"):
+        compose(["export.delta=true"], manager=core_only)
+    assert not hasattr(compose(["export.delta=false"], manager=core_only).export, "delta")
+
+
 def test_a_plugin_registers_a_key_it_moved(core_only, moved_seed, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="'trainer.old_seed' \\(the command line\\) moved: "
                        "set 'trainer.seed' instead"):

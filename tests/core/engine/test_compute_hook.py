@@ -1,6 +1,7 @@
 """``graft_compute``: a plugin's wrapper runs around every forward, backward and generation step
 of a run (the trainer's and the embedded engine's, both decode paths), gets the step's result
-and its exception, and must be a wrapper. Tested with a plugin of its own (no graft-exact)."""
+and its exception, and must be a wrapper. Tested with a plugin of its own (no graft-exact; the
+steps of graft-graphed-decode's loop: tests/graphed_decode/test_plugin.py)."""
 
 from __future__ import annotations
 
@@ -74,9 +75,9 @@ def watched(graft_plugin, tmp_path: Path):
     (("rollout.decode=dynamic",),
      {("generate", "rollout"), ("sample_logprobs", "rollout"), ("forward", "update"),
       ("gradient", "update"), ("backward", "update")}),
-    (("rollout.decode=static", "rollout.decode_compile=cudagraphs",
+    (("rollout.decode=static", "rollout.decode_compile=none",
       "engine.logprob_chunk_tokens=0", "algorithm.old_logprobs=always"),
-     {("prefill", "rollout"), ("decode", "rollout"), ("sample_logprobs", "rollout"),
+     {("generate", "rollout"), ("sample_logprobs", "rollout"),
       ("forward", "old_logprobs"), ("forward", "update"), ("backward", "update")}),
     (("trainer.mode=sft",), {("forward", "sft"), ("gradient", "sft"), ("backward", "sft")}),
 ])

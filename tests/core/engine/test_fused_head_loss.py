@@ -20,12 +20,11 @@ from graft.engine.micro_batch import TokenSample, build_micro_batch
 from graft.engine.parallelize import parallelize
 from graft.engine.token_loss import chunk_token_loss, fuses_loss, token_weights
 from graft.hookspecs import hookimpl
+from graft.losses import BUILTIN_AGG_MODES, is_token_separable, token_separable
 from graft.losses.aggregation import AggregationContext
 from graft.losses.gspo import gspo_loss
-from graft.losses.modes import BUILTIN_AGG_MODES
 from graft.losses.policy import ppo_clip_loss
 from graft.losses.registry import aggregate_loss, builtin_aggregation
-from graft.losses.separable import is_token_separable, token_separable
 from graft.models import build_model
 from graft.models.registry import model_families
 from graft.plugins import GraftPluginManager

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graft.losses.modes import BUILTIN_AGG_MODES
+from graft.losses import BUILTIN_AGG_MODES
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fused_head_grads.py"
 

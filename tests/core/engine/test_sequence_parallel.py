@@ -99,13 +99,13 @@ def manager_with(*plugins: Sizes) -> GraftPluginManager:
 
 def test_hook_graft_parallel_dims_sizes_sp() -> None:
     cfg = SimpleNamespace()
-    assert sequence_parallel_size(cfg, manager_with()) == 1
-    assert sequence_parallel_size(cfg, manager_with(Sizes(None), Sizes({"sp": 4}))) == 4
-    assert sequence_parallel_size(cfg, manager_with(Sizes({"sp": 1}), Sizes({"sp": 2}))) == 2
+    assert sequence_parallel_size(cfg=cfg, manager=manager_with()) == 1
+    assert sequence_parallel_size(cfg=cfg, manager=manager_with(Sizes(None), Sizes({"sp": 4}))) == 4
+    assert sequence_parallel_size(cfg=cfg, manager=manager_with(Sizes({"sp": 1}), Sizes({"sp": 2}))) == 2
     with pytest.raises(PluginError, match="both set the sp size"):
-        sequence_parallel_size(cfg, manager_with(Sizes({"sp": 2}), Sizes({"sp": 2})))
+        sequence_parallel_size(cfg=cfg, manager=manager_with(Sizes({"sp": 2}), Sizes({"sp": 2})))
     with pytest.raises(PluginError, match="sizes 'tp'"):
-        sequence_parallel_size(cfg, manager_with(Sizes({"tp": 2})))
+        sequence_parallel_size(cfg=cfg, manager=manager_with(Sizes({"tp": 2})))
 
 
 def _free_port() -> int:

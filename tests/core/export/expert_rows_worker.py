@@ -4,8 +4,9 @@ fused (renamed ``experts.fused_<param>``): the core streams each ep rank's block
 fused HF tensor. Run under ``torchrun --nproc-per-node N expert_rows_worker.py OUT_DIR EP``.
 
 Rank 0 saves ``OUT_DIR/result.pt``: the whole parameters, what each sink received (a HF
-directory, a state dict recording its row blocks, a sink that takes only whole tensors), and a
-delta export after a sparse update next to a full export.
+directory, a state dict recording its row blocks, a sink that takes only whole tensors), and an
+export through an `ExportFilter` that sends the row blocks of the fused ``down_proj`` tensors to
+the sink on their own (graft-vllm's delta export of them: tests/vllm/test_delta.py).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from graft.config import compose
 from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.engine.expert_parallel import apply_expert_parallel
 from graft.engine.parallelize import apply_fsdp
-from graft.export.gather import local_tensor
+from graft.export import RowBlock
+from graft.export.sinks.base import StateDictSink
 from graft.export.sinks.hf_dir import HFDirectorySink
-from graft.export.sinks.state_dict import StateDictSink
 from graft.export.stream import WeightExporter
 from graft.models import build_model
 from graft.plugins import get_plugin_manager
@@ -52,6 +53,39 @@ class RecordingSink(StateDictSink):
     def consume_rows(self, blocks) -> None:
         self.blocks.extend((b.name, b.row_offset, b.values.shape[0]) for b in blocks)
         super().consume_rows(blocks)
+
+
+class BlockUpdate:
+    """A row block sent outside the bucket: a copy of its values, the first row's index."""
+
+    def __init__(self, block: RowBlock) -> None:
+        self.name, self.row_offset, self.values = block.name, block.row_offset, block.values.clone()
+        self.nbytes = block.nbytes
+
+
+class DownProjBlocksApart:
+    """An `ExportFilter`: the row blocks of fused ``down_proj`` tensors become `BlockUpdate`s,
+    every other entry travels as usual."""
+
+    def begin(self) -> bool:
+        return True
+
+    def tensor(self, name, tensor):
+        return tensor
+
+    def rows(self, block):
+        return BlockUpdate(block) if "down_proj" in block.name else block
+
+
+class UpdatingSink(StateDictSink):
+    """A state dict that keeps the updates it is given as (name, first row, values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.updates: list[tuple[str, int, torch.Tensor]] = []
+
+    def consume_updates(self, updates) -> None:
+        self.updates.extend((u.name, u.row_offset, u.values) for u in updates)
 
 
 class WholeTensorSink:
@@ -87,11 +121,10 @@ def sharded_model(ep: int):
     return env, model, params
 
 
-def export(model, sink, *, is_main: bool, delta: bool = False, exporter=None):
-    exporter = exporter or WeightExporter(model, bucket_bytes=BUCKET, dtype=None, delta=delta,
-                                          is_main=is_main)
-    stats = exporter.export(sink if is_main else None)
-    return exporter, stats
+def export(model, sink, *, is_main: bool, entry_filter=None):
+    exporter = WeightExporter(model, bucket_bytes=BUCKET, dtype=None, is_main=is_main,
+                              entry_filter=entry_filter)
+    return exporter.export(sink if is_main else None)
 
 
 def main(out_dir: str, ep: int) -> None:
@@ -102,20 +135,13 @@ def main(out_dir: str, ep: int) -> None:
     hf_dir = HFDirectorySink(out / "hf", config=model.config)
     recording, whole = RecordingSink(), WholeTensorSink()
     for label, sink in (("hf", hf_dir), ("rows", recording), ("whole", whole)):
-        _, stats = export(model, sink, is_main=main_rank)
-        result[f"{label}_bytes"] = stats.bytes_sent
-    delta_sink = StateDictSink()
-    exporter, _ = export(model, delta_sink, is_main=main_rank, delta=True)
-    with torch.no_grad():  # one expert of the last ep rank's block moves
-        if env.rank == env.world_size - 1:
-            local_tensor(model.model.layers[1].mlp.experts.down_proj)[0] += 0.5
-    _, stats = export(model, delta_sink, is_main=main_rank, exporter=exporter)
-    after = StateDictSink()
-    export(model, after, is_main=main_rank)
+        result[f"{label}_bytes"] = export(model, sink, is_main=main_rank).bytes_sent
+    filtered = UpdatingSink()
+    stats = export(model, filtered, is_main=main_rank, entry_filter=DownProjBlocksApart())
     if main_rank:
         result.update(hf=load_file(out / "hf" / "model.safetensors"), rows=recording.weights,
-                      blocks=recording.blocks, whole=whole.weights, delta=delta_sink.weights,
-                      delta_bytes=stats.bytes_sent, after=after.weights)
+                      blocks=recording.blocks, whole=whole.weights, filtered=filtered.weights,
+                      updates=filtered.updates, filtered_bytes=stats.bytes_sent)
         torch.save(result, out / "result.pt")
 
 

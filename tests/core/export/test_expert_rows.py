@@ -1,6 +1,7 @@
 """Expert-parallel fused tensors stream as row blocks (one ep rank's block at a time) that sinks
-assemble: a tiny Qwen3-MoE split over ep with `graft.engine.expert_parallel` and a handler that
-keeps its experts fused (`expert_rows_worker.py`, gloo ranks; no model plugin)."""
+assemble, or that an exporter's filter sends on their own: a tiny Qwen3-MoE split over ep with
+`graft.engine.expert_parallel` and a handler that keeps its experts fused
+(`expert_rows_worker.py`, gloo ranks; no model plugin)."""
 
 from __future__ import annotations
 
@@ -53,8 +54,16 @@ def test_row_blocks_gathered_over_efsdp_on_four_ranks(tmp_path: Path) -> None:
     assert_sinks_hold_the_fused_tensors(run_worker(tmp_path, 4, 2), ep=2)
 
 
-def test_delta_of_a_fused_tensor_sends_only_changed_expert_rows(two_ranks: dict) -> None:
-    assert two_ranks["delta"].keys() == two_ranks["after"].keys()
-    for name, tensor in two_ranks["after"].items():
-        assert torch.equal(two_ranks["delta"][name], tensor), name
-    assert two_ranks["delta_bytes"] == 64 * 32 * 4 + 8  # one expert's down_proj row + its index
+def test_a_filter_sends_row_blocks_apart_from_the_bucket(two_ranks: dict) -> None:
+    expected = {name.replace(".experts.", ".experts.fused_"): tensor
+                for name, tensor in two_ranks["params"].items()}
+    apart = {name for name in expected if ".experts.fused_down_proj" in name}
+    assert apart and two_ranks["filtered"].keys() == expected.keys() - apart
+    for name, tensor in two_ranks["filtered"].items():
+        assert torch.equal(tensor, expected[name]), name
+    updates = two_ranks["updates"]  # each ep block on its own, as the filter made it
+    assert sorted((name, first) for name, first, _ in updates) == sorted(
+        (name, first) for name in apart for first in (0, 4))
+    for name, first, values in updates:
+        assert torch.equal(values, expected[name][first:first + values.shape[0]]), name
+    assert two_ranks["filtered_bytes"] == two_ranks["hf_bytes"]

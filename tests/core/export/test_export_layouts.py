@@ -1,6 +1,6 @@
-"""Export layouts, in process: row blocks (assembly, buckets, delta), per-expert names of fused
-tensors, each sink's consumer and its own copy plan, handlers' views that tile a parameter
-planned as copies (graft-vllm's sink: tests/vllm)."""
+"""Export layouts, in process: row blocks (assembly, buckets), each sink's consumer and its own
+copy plan, handlers' views that tile a parameter planned as copies (graft-vllm's sink, delta
+export and per-expert names of fused tensors: tests/vllm)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,9 @@ from graft.config import ModelConfig
 from graft.errors import GraftError
 from graft.export.bucket import Bucket
 from graft.export.copy_plan import plan_copies
-from graft.export.delta import DeltaTracker
-from graft.export.fused_experts import expert_of_fused, fused_name, split_fused
 from graft.export.handlers import _tile_offsets
-from graft.export.sinks.base import DeltaEntry, RowAssembler, RowBlock
+from graft.export.sinks.base import RowAssembler, RowBlock, StateDictSink
 from graft.export.sinks.hf_dir import HFDirectorySink
-from graft.export.sinks.state_dict import StateDictSink
 from graft.export.stream import WeightExporter, sink_consumer
 from graft.models import build_model
 
@@ -54,53 +51,6 @@ def test_bucket_keeps_row_blocks_apart_from_whole_tensors() -> None:
     (got,) = bucket.row_blocks()
     assert (got.name, got.row_offset, got.full_shape) == ("x.experts.w", 4, (8, 3, 2))
     assert torch.equal(got.values, block.values)
-
-
-def test_delta_of_row_blocks_sends_blocks_first_then_changed_rows() -> None:
-    tracker = DeltaTracker()
-    tracker.begin()
-    assert all(isinstance(tracker.diff_rows(b), RowBlock) for b in blocks(FUSED, 4))
-    changed = FUSED.clone()
-    changed[5, 1, 0] += 1.0
-    tracker.begin()
-    first, second = (tracker.diff_rows(b) for b in blocks(changed, 4))
-    assert first is None
-    assert isinstance(second, DeltaEntry) and second.rows.tolist() == [5]
-    assert torch.equal(second.values, changed[5:6]) and torch.equal(tracker.snapshot["x.experts.w"],
-                                                                    changed)
-
-
-def test_a_half_recorded_tensor_is_sent_whole_by_the_next_export() -> None:
-    tracker = DeltaTracker()
-    tracker.begin()
-    tracker.diff_rows(blocks(FUSED, 4)[0])  # the export failed before the second block
-    tracker.begin()
-    assert all(isinstance(tracker.diff_rows(b), RowBlock) for b in blocks(FUSED, 4))
-
-
-def test_per_expert_names_of_a_fused_tensor() -> None:
-    assert fused_name("m.layers.1.mlp.experts.7.gate_up_proj") == (
-        "m.layers.1.mlp.experts.gate_up_proj", 7)
-    assert fused_name("m.layers.1.mlp.experts.gate_up_proj") is None
-    shapes = {"m.experts.down_proj": (8, 3, 2)}
-    assert expert_of_fused("m.experts.7.down_proj", (3, 2), shapes)
-    assert not expert_of_fused("m.experts.8.down_proj", (3, 2), shapes)  # no expert 8
-    assert not expert_of_fused("m.experts.1.down_proj", (2, 3), shapes)
-    weights = {"m.experts.down_proj": FUSED.clone(), "other": torch.ones(1)}
-    assert split_fused(weights, "m.experts.3.down_proj")
-    assert "m.experts.down_proj" not in weights and len(weights) == 9
-    assert torch.equal(weights["m.experts.3.down_proj"], FUSED[3])
-    assert not split_fused(weights, "m.experts.3.down_proj")
-
-
-def test_delta_compares_per_expert_tensors_with_a_fused_snapshot() -> None:
-    tracker = DeltaTracker()
-    tracker.diff("m.experts.w", FUSED)
-    assert tracker.diff("m.experts.2.w", FUSED[2].clone()) is None  # unchanged expert: nothing
-    moved = FUSED[6].clone()
-    moved[0, 1] = -1.0
-    entry = tracker.diff("m.experts.6.w", moved)
-    assert entry.rows.tolist() == [0] and torch.equal(entry.values, moved[:1])
 
 
 def test_each_sink_names_its_consumer() -> None:
@@ -148,7 +98,7 @@ def test_each_consumer_gets_its_own_plan(graft_plugin) -> None:
 
     graft_plugin(EngineHeadName(), name="engine-head-name")
     model, _ = build_model(ModelConfig(preset="tiny-llama"))
-    exporter = WeightExporter(model, bucket_bytes=4 << 20, dtype=None, delta=False, is_main=True)
+    exporter = WeightExporter(model, bucket_bytes=4 << 20, dtype=None, is_main=True)
     assert exporter.copy_plan is not None  # a HF checkpoint: copies only
     hf, engine = StateDictSink(), EngineStateDict()
     exporter.export(hf)
@@ -179,7 +129,7 @@ class RowSlices:
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
 def test_views_tiling_a_parameter_follow_the_copy_plan(graft_plugin, dtype) -> None:
     model, _ = build_model(ModelConfig(preset="tiny-llama"))
-    options = {"bucket_bytes": 1 << 20, "dtype": dtype, "delta": False, "is_main": True}
+    options = {"bucket_bytes": 1 << 20, "dtype": dtype, "is_main": True}
     graft_plugin(RowSlices(copy=True), name="row-copies")  # copies: streamed
     assert plan_copies(model, bucket=None, bucket_bytes=1 << 20, dtype=dtype) is None
     streamed = StateDictSink()

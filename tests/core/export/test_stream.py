@@ -1,4 +1,5 @@
-"""Streamed export in process: slot discovery, buckets, delta against full, failure isolation."""
+"""Streamed export in process: slot discovery, buckets, an exporter's filter, failure isolation
+(graft-vllm's delta export: tests/vllm/test_delta.py)."""
 
 from __future__ import annotations
 
@@ -8,34 +9,21 @@ import pytest
 import torch
 
 from graft import hookimpl
-from graft.config import compose
 from graft.export.context import ExportContext
 from graft.export.handlers import enumerate_hf_slots, meta_skeleton
+from graft.export.sinks.base import StateDictSink
 from graft.export.sinks.hf_dir import HFDirectorySink
-from graft.export.sinks.state_dict import StateDictSink
 from graft.export.stream import WeightExporter
 from graft.training.trainer import Trainer
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Trainer:
-    run_dir = tmp_path_factory.mktemp("export-run")
-    cfg = compose([f"trainer.run_dir={run_dir}", "trainer.total_steps=1",
-                   "model.preset=tiny-qwen3-moe", "engine.device=cpu", "optim.lr=1e-4",
-                   "trainer.mode=sft",
-                   "export.hf_at_end=false", "checkpoint.every_steps=0"])
-    trainer = Trainer(cfg)
-    trainer.fit()
-    return trainer
-
-
 def exporter(trainer: Trainer, **kwargs) -> WeightExporter:
-    options = {"bucket_bytes": 1 << 20, "dtype": None, "delta": False, "is_main": True} | kwargs
+    options = {"bucket_bytes": 1 << 20, "dtype": None, "is_main": True} | kwargs
     return WeightExporter(trainer.engine.model, **options)
 
 
-def test_enumerate_hf_slots_splits_fused_experts_without_data(trained: Trainer) -> None:
-    model = trained.engine.model
+def test_enumerate_hf_slots_splits_fused_experts_without_data(trained_moe: Trainer) -> None:
+    model = trained_moe.engine.model
     ctx = ExportContext(model, "qwen3_moe", meta_skeleton(model))
     slots = enumerate_hf_slots("model.layers.1.mlp.experts.gate_up_proj", (8, 64, 64),
                                torch.float32, ctx)
@@ -45,7 +33,7 @@ def test_enumerate_hf_slots_splits_fused_experts_without_data(trained: Trainer) 
         ("lm_head.weight", (128, 64))]
 
 
-def test_hook_graft_export_slots_plugin_handler_wins(trained: Trainer, graft_plugin) -> None:
+def test_hook_graft_export_slots_plugin_handler_wins(trained_moe: Trainer, graft_plugin) -> None:
     class RenameHead:
         @hookimpl
         def graft_export_slots(self, name, tensor):
@@ -53,67 +41,28 @@ def test_hook_graft_export_slots_plugin_handler_wins(trained: Trainer, graft_plu
 
     graft_plugin(RenameHead(), name="rename-head")
     sink = StateDictSink()
-    exporter(trained).export(sink)
+    exporter(trained_moe).export(sink)
     assert "output.weight" in sink.weights and "lm_head.weight" not in sink.weights
     assert "model.layers.0.mlp.experts.3.down_proj.weight" in sink.weights
 
 
-def test_small_buckets_stream_the_same_weights(trained: Trainer) -> None:
+def test_small_buckets_stream_the_same_weights(trained_moe: Trainer) -> None:
     small, large = StateDictSink(), StateDictSink()
-    small_stats = exporter(trained, bucket_bytes=16 << 10).export(small)
-    exporter(trained, bucket_bytes=64 << 20).export(large)
+    small_stats = exporter(trained_moe, bucket_bytes=16 << 10).export(small)
+    exporter(trained_moe, bucket_bytes=64 << 20).export(large)
     assert small_stats.buckets > 10
     assert small.weights.keys() == large.weights.keys()
     assert all(torch.equal(small.weights[k], large.weights[k]) for k in small.weights)
 
 
-def test_delta_after_a_training_step_matches_a_full_export(trained: Trainer) -> None:
-    delta_exporter = exporter(trained, delta=True, dtype=torch.bfloat16)
-    consumer = StateDictSink()
-    first = delta_exporter.export(consumer)
-    assert not first.delta and first.bytes_sent == first.bytes_total
-    trained.cfg.optim.lr = 1e-6  # an RL-sized step: most bf16 values do not move
-    for group in trained.engine.optimizer.param_groups:
-        group["lr"] = 1e-6
-    trained.train_step()
-    second = delta_exporter.export(consumer)
-    reference = StateDictSink()
-    exporter(trained, dtype=torch.bfloat16).export(reference)
-    assert second.delta and 0 < second.bytes_sent < second.bytes_total
-    assert consumer.weights.keys() == reference.weights.keys()
-    for name, tensor in reference.weights.items():
-        assert torch.equal(consumer.weights[name], tensor), name
-    print(f"delta export after an AdamW step at lr 1e-6: {second.bytes_sent} of "
-          f"{second.bytes_total} bytes ({second.bytes_sent / second.bytes_total:.1%})")
-
-
-def test_delta_after_a_sparse_update_sends_only_changed_rows(trained: Trainer) -> None:
-    delta_exporter = exporter(trained, delta=True)
-    consumer = StateDictSink()
-    delta_exporter.export(consumer)
-    model = trained.engine.model
-    with torch.no_grad():  # three vocabulary rows and one expert move, as a sparse update would
-        model.model.embed_tokens.weight.to_local()[[5, 17, 42]] += 0.5
-        model.model.layers[1].mlp.experts.down_proj.to_local()[3] *= 1.5
-    stats = delta_exporter.export(consumer)
-    reference = StateDictSink()
-    exporter(trained).export(reference)
-    for name, tensor in reference.weights.items():
-        assert torch.equal(consumer.weights[name], tensor), name
-    changed = 3 * 64 * 4 + 3 * 8 + 64 * 32 * 4  # 3 embedding rows (+ indices) and one expert
-    assert stats.bytes_sent == changed
-    print(f"delta export after a sparse update: {stats.bytes_sent} of {stats.bytes_total} bytes "
-          f"({stats.bytes_sent / stats.bytes_total:.2%})")
-
-
-def test_failed_export_leaves_the_previous_directory(trained: Trainer, tmp_path: Path,
+def test_failed_export_leaves_the_previous_directory(trained_moe: Trainer, tmp_path: Path,
                                                      graft_plugin) -> None:
     out = tmp_path / "hf"
-    model = trained.engine.model
-    exporter(trained).export(HFDirectorySink(out, config=model.config))
+    model = trained_moe.engine.model
+    exporter(trained_moe).export(HFDirectorySink(out, config=model.config))
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     consumer = StateDictSink()
-    exporter(trained).export(consumer)
+    exporter(trained_moe).export(consumer)
     previous = {k: v.clone() for k, v in consumer.weights.items()}
 
     class Broken:
@@ -124,13 +73,13 @@ def test_failed_export_leaves_the_previous_directory(trained: Trainer, tmp_path:
 
     graft_plugin(Broken(), name="broken-handler")
     with pytest.raises(RuntimeError, match="handler bug"):
-        exporter(trained, bucket_bytes=4 << 10).export(HFDirectorySink(out, config=model.config))
+        exporter(trained_moe, bucket_bytes=4 << 10).export(HFDirectorySink(out, config=model.config))
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]
     with torch.no_grad():
-        trained.engine.model.lm_head.weight.to_local().add_(1.0)  # new weights, never delivered
+        trained_moe.engine.model.lm_head.weight.to_local().add_(1.0)  # new weights, never delivered
     with pytest.raises(RuntimeError, match="handler bug"):
-        exporter(trained, bucket_bytes=4 << 10).export(consumer)  # staged, then aborted
+        exporter(trained_moe, bucket_bytes=4 << 10).export(consumer)  # staged, then aborted
     assert all(torch.equal(consumer.weights[k], v) for k, v in previous.items())
     with torch.no_grad():
-        trained.engine.model.lm_head.weight.to_local().sub_(1.0)
+        trained_moe.engine.model.lm_head.weight.to_local().sub_(1.0)

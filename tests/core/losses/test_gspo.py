@@ -13,9 +13,9 @@ import torch
 import graft
 from graft import hookimpl
 from graft.errors import ConfigError
+from graft.losses import BUILTIN_AGG_MODES
 from graft.losses.aggregation import AggregationContext
 from graft.losses.gspo import gspo_loss, rollout_is_weights, warn_if_ppo_clip_range
-from graft.losses.modes import BUILTIN_AGG_MODES
 from graft.losses.registry import aggregate_loss, policy_losses
 
 PLUGIN_MODE = "seq-sum-token-mean"

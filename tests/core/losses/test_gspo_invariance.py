@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from graft.losses.modes import BUILTIN_AGG_MODES
+from graft.losses import BUILTIN_AGG_MODES
 from graft.testing.invariance import (
     assert_modes_differ,
     assert_same_gradients,

@@ -93,13 +93,8 @@ def needs(response):
 
 
 @pytest.fixture
-def worker_rewards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    (tmp_path / "worker_rewards.py").write_text(REWARDS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import worker_rewards
-
-    yield worker_rewards
-    sys.modules.pop("worker_rewards", None)
+def worker_rewards(source_module):
+    return source_module("worker_rewards", REWARDS)
 
 
 def _tasks(reward: RewardFunction, responses=("a", "b")) -> list[tuple]:

@@ -61,8 +61,8 @@ def faulty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, graft_plugin):
 
 
 def scorer(name: str, *overrides: str) -> RewardScorer:
-    return RewardScorer(compose(["data.source=file", f"algorithm.reward={name}",
-                                 "algorithm.reward_workers=2", *overrides]))
+    return RewardScorer(cfg=compose(["data.source=file", f"algorithm.reward={name}",
+                                     "algorithm.reward_workers=2", *overrides]))
 
 
 SAMPLES = [TextSample("p", "", "a", origin=f"d.jsonl, line {i + 1}") for i in range(4)]

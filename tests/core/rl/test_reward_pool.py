@@ -5,9 +5,6 @@ the caller, and a process runs rewards in its main thread (signals work there)."
 from __future__ import annotations
 
 import re
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -56,13 +53,8 @@ def crash(response):
 
 
 @pytest.fixture
-def rewards_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    (tmp_path / "pool_rewards.py").write_text(textwrap.dedent(REWARDS))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import pool_rewards
-
-    yield pool_rewards
-    sys.modules.pop("pool_rewards", None)
+def rewards_module(source_module):
+    return source_module("pool_rewards", REWARDS)
 
 
 @pytest.fixture

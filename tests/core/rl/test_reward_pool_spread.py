@@ -4,9 +4,7 @@ another."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -36,13 +34,8 @@ def sleeps(response):
 
 
 @pytest.fixture
-def rewards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    (tmp_path / "spread_rewards.py").write_text(REWARDS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import spread_rewards
-
-    yield spread_rewards
-    sys.modules.pop("spread_rewards", None)
+def rewards(source_module):
+    return source_module("spread_rewards", REWARDS)
 
 
 @pytest.fixture

@@ -58,7 +58,7 @@ def test_a_data_source_declared_twice_is_an_error(graft_plugin) -> None:
 
 def test_a_mixed_batch_is_scored_per_data_source(graft_plugin) -> None:
     graft_plugin(Rewards(), name="rewards")
-    scorer = RewardScorer(compose(["data.source=file", "algorithm.reward_workers=2"]))
+    scorer = RewardScorer(cfg=compose(["data.source=file", "algorithm.reward_workers=2"]))
     try:
         scores = scorer.score(["AB", "ab", "AB", "ab"], [sample("ab", "loud/set"),
                                                          sample("ab", "loud/set"),

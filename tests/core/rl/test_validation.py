@@ -162,11 +162,13 @@ def test_a_rank_without_held_out_prompts_generates_a_stand_in_and_counts_nothing
         return [1.0] * len(responses)
 
     echo = Echo()
-    second = Validator(cfg, prompts, fake_rank(1, 2)).run(echo, score=score, decode=str,
-                                                          step=0)
+    sections = {"val": cfg.val, "trainer": cfg.trainer, "rollout": cfg.rollout}
+    second = Validator(prompts, fake_rank(1, 2), **sections).run(echo, score=score, decode=str,
+                                                                 step=0)
     assert echo.asked == [[[7], [7]]] and len(second.samples) == 2
     assert second.metrics["val/pass@2"] == 1.0 and second.metrics["val/response_length"] == 1.0
-    idle = Validator(cfg, prompts, fake_rank(2, 3)).run(echo, score=score, decode=str, step=0)
+    idle = Validator(prompts, fake_rank(2, 3), **sections).run(echo, score=score, decode=str,
+                                                               step=0)
     assert echo.asked[-1] == [[5, 6]]  # one stand-in, generated and dropped
     assert idle.samples == [] and idle.responses == [] and len(scores) == 1
     assert idle.metrics == {"val/reward_mean": 0.0, "val/pass@2": 0.0,

@@ -88,3 +88,67 @@ def test_static_decode_samples_exactly_what_the_trained_model_would(graft_train,
         assert (a["reward_mean"], a["response_length"]) == (b["reward_mean"], b["response_length"])
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-8)
         assert b["train_infer_logprob_diff"] < 1e-5
+
+
+class FixedDecoder:
+    """A decode loop of the test's own: every row gets ``tokens`` with log-prob -0.5 each."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.calls: list[tuple[int, int]] = []  # (batch, prompt length) per generate
+
+    def generate(self, ids: torch.Tensor, mask: torch.Tensor,
+                 spec: SamplingSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls.append(tuple(ids.shape))
+        tokens = torch.tensor([self.tokens] * ids.shape[0], device=ids.device)
+        return tokens, torch.full(tokens.shape, -0.5, device=ids.device)
+
+
+class SuppliesADecoder:
+    """``graft_static_decoder``: records its arguments and returns a `FixedDecoder`."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+        self.decoder = FixedDecoder([40, 41, 42])
+
+    @hookimpl
+    def graft_static_decoder(self, model, pad_token_id, eos_token_id, device, decode_compile,
+                             cfg):
+        self.seen.append(dict(model=model, pad=pad_token_id, eos=eos_token_id, device=device,
+                              decode_compile=decode_compile, cfg=cfg))
+        return self.decoder
+
+
+def test_hook_graft_static_decoder_supplies_the_static_copys_loop(tmp_path: Path,
+                                                                  graft_plugin) -> None:
+    """The static copy samples with the plugin's decoder (no graft-graphed-decode needed), which
+    gets the copy, the tokenizer's pad and EOS, the device, ``rollout.decode_compile`` and the
+    run's config; the dynamic decode never asks."""
+    plugin = SuppliesADecoder()
+    graft_plugin(plugin, name="fixed-decoder")
+    trainer = rl_trainer(tmp_path, "rollout.decode=static", "rollout.decode_compile=inductor")
+    rollout = trainer.job.rollout
+    (seen,) = plugin.seen
+    assert rollout.decoder is plugin.decoder and seen["model"] is rollout.copy.model
+    assert (seen["pad"], seen["eos"]) == (trainer.tokenizer.pad_token_id,
+                                          trainer.tokenizer.eos_token_id)
+    assert seen["device"].type == "cpu" and seen["decode_compile"] == "inductor"
+    assert seen["cfg"].rollout.decode == "static"
+    samples = rollout.generate([[1, 70, 83], [1, 20, 21, 22]], SamplingSpec(1.0, 1.0, 3))
+    assert plugin.decoder.calls == [(2, 4)]  # one left-padded batch
+    assert [s.response_ids for s in samples] == [[40, 41, 42]] * 2
+    assert all(s.logprobs.tolist() == [-0.5] * 3 for s in samples)
+    rl_trainer(tmp_path / "dynamic", "rollout.decode=dynamic")
+    assert len(plugin.seen) == 1
+
+
+def test_a_plugins_boolean_mask_attention_is_listed_for_decode_loops(monkeypatch) -> None:
+    """`register_boolean_mask_attention` (graft-exact's attention) is what a decode loop reads
+    back with `boolean_mask_attentions` (graft-graphed-decode's), with no plugin between."""
+    import graft.rollout
+
+    monkeypatch.setattr(graft.rollout, "_BOOLEAN_MASK_ATTENTIONS", set())
+    assert graft.rollout.boolean_mask_attentions() == frozenset()
+    graft.rollout.register_boolean_mask_attention("my_masked_attention")
+    graft.rollout.register_boolean_mask_attention("my_masked_attention")  # idempotent
+    assert graft.rollout.boolean_mask_attentions() == {"my_masked_attention"}

@@ -6,7 +6,8 @@ exports of the EP=2 model. Run under ``torchrun --nproc-per-node 2`` (gloo, fp32
 Rank 0 saves ``OUT_DIR/result.pt``: per ep size the losses and, per step, every parameter's
 whole gradient; the EP=1 model's exports in both layouts (HF layout, vLLM layout) from one
 exporter; the EP=2 model's whole parameters, its exports into state-dict sinks, and a delta
-export after a sparse update (both layouts) with a full export to compare it with.
+export after a sparse update (both layouts; graft-vllm's `graft_vllm.delta`) with a full export to
+compare it with.
 """
 
 from __future__ import annotations
@@ -22,16 +23,16 @@ from graft.engine.micro_batch import TokenSample
 from graft.engine.phase import SFT
 from graft.export import INFERENCE_LAYOUT
 from graft.export.gather import local_tensor
-from graft.export.sinks.state_dict import StateDictSink
 from graft.export.stream import WeightExporter
 from graft.training.sft import sft_loss
 from graft.training.trainer import build_engine
+from graft_vllm.delta import DeltaTracker, StateDictDeltaSink
 
 STEPS = 3
 BUCKET = 16 << 10  # small: several buckets, expert blocks split across them
 
 
-class VLLMLayoutSink(StateDictSink):
+class VLLMLayoutSink(StateDictDeltaSink):
     """A state dict in vLLM's loader layout (per-expert GPT-OSS tensors)."""
 
     consumer = INFERENCE_LAYOUT
@@ -66,10 +67,9 @@ def train(ep: int, rank: int) -> tuple[object, dict]:
 def full_exports(model: torch.nn.Module, is_main: bool, bucket: int = BUCKET) -> dict:
     """One exporter's full exports in both layouts (rank 0's sink decides, the others follow),
     and whether the HF one was planned (copies only)."""
-    exporter = WeightExporter(model, bucket_bytes=bucket, dtype=None, delta=False,
-                              is_main=is_main)
+    exporter = WeightExporter(model, bucket_bytes=bucket, dtype=None, is_main=is_main)
     out = {"planned": exporter.copy_plan is not None}
-    for label, sink_class in (("hf", StateDictSink), ("vllm", VLLMLayoutSink)):
+    for label, sink_class in (("hf", StateDictDeltaSink), ("vllm", VLLMLayoutSink)):
         sink = sink_class() if is_main else None
         exporter.export(sink)
         out[label] = sink.weights if is_main else None
@@ -79,9 +79,9 @@ def full_exports(model: torch.nn.Module, is_main: bool, bucket: int = BUCKET) ->
 def exports(model: torch.nn.Module, is_main: bool) -> dict:
     """Full exports in both layouts, then delta exports after a sparse update."""
     out = full_exports(model, is_main)
-    delta = {label: (WeightExporter(model, bucket_bytes=BUCKET, dtype=None, delta=True,
-                                    is_main=is_main), sink_class() if is_main else None)
-             for label, sink_class in (("hf", StateDictSink), ("vllm", VLLMLayoutSink))}
+    delta = {label: (WeightExporter(model, bucket_bytes=BUCKET, dtype=None, is_main=is_main,
+                                    entry_filter=DeltaTracker()), sink_class() if is_main else None)
+             for label, sink_class in (("hf", StateDictDeltaSink), ("vllm", VLLMLayoutSink))}
     for exporter, sink in delta.values():
         exporter.export(sink)
     with torch.no_grad():  # a sparse update: one expert of each rank's block, three vocab rows
@@ -93,9 +93,9 @@ def exports(model: torch.nn.Module, is_main: bool) -> dict:
         stats = exporter.export(sink)
         out[f"delta_{label}"] = sink.weights if is_main else None
         out[f"delta_{label}_bytes"] = (stats.bytes_sent, stats.bytes_total)
-        reference = (StateDictSink if label == "hf" else VLLMLayoutSink)() if is_main else None
-        WeightExporter(model, bucket_bytes=BUCKET, dtype=None, delta=False,
-                       is_main=is_main).export(reference)
+        reference_class = StateDictDeltaSink if label == "hf" else VLLMLayoutSink
+        reference = reference_class() if is_main else None
+        WeightExporter(model, bucket_bytes=BUCKET, dtype=None, is_main=is_main).export(reference)
         out[f"after_{label}"] = reference.weights if is_main else None
     return out
 

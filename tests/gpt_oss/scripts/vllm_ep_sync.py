@@ -32,7 +32,7 @@ from graft.export.hf import hf_directory_sink
 from graft.export.stream import WeightExporter
 from graft.training.sft import sft_loss
 from graft.training.trainer import build_engine
-from graft_vllm import VLLMSink, shutdown_engine, start_engine
+from graft_vllm import DeltaTracker, VLLMSink, shutdown_engine, start_engine
 
 PROMPTS = ([1, *range(10, 60)], [1, *range(70, 20, -1)])  # one per rank
 
@@ -48,9 +48,9 @@ class RecordingVLLMSink(VLLMSink):
         self.received.update(name for name, _ in tensors)
         super().consume(tensors)
 
-    def consume_delta(self, entries):
-        self.received.update(entry.name for entry in entries)
-        super().consume_delta(entries)
+    def consume_updates(self, updates):
+        self.received.update(entry.name for entry in updates)
+        super().consume_updates(updates)
 
 
 def vllm_prompt_logprobs(llm, ids: list[int]) -> torch.Tensor:
@@ -85,8 +85,9 @@ def main(out: str) -> None:
                    "engine.ep_size=2", "optim.lr=0.01"])
     engine = build_engine(cfg, env, pad_token_id=0)
     model, main_rank = engine.model, env.is_main
-    exporter = WeightExporter(model, bucket_bytes=64 << 10, dtype=None, delta=True,
-                              is_main=main_rank)
+    tracker = DeltaTracker()
+    exporter = WeightExporter(model, bucket_bytes=64 << 10, dtype=None, is_main=main_rank,
+                              entry_filter=tracker)
     report: dict = {"syncs": []}
     with TemporaryDirectory() as scratch:
         initial = (hf_directory_sink(model, Path(scratch) / "initial", dtype=None,
@@ -97,7 +98,7 @@ def main(out: str) -> None:
             llm = start_engine(Path(scratch) / "initial", dtype="float32", max_model_len=256,
                                seed=0, in_process=False)
             sink = RecordingVLLMSink(llm, initial.shapes, delta=True,
-                                     current=exporter.tracker.snapshot)
+                                     current=tracker.snapshot)
 
         def compare(label: str, stats=None) -> None:
             expected = trainer_logprobs(engine, PROMPTS[env.rank])
@@ -121,8 +122,7 @@ def main(out: str) -> None:
                 local_tensor(model.model.layers[1].mlp.experts.down_proj_bias).add_(0.5)
         compare("delta after a sparse update", exporter.export(sink))
         sft_step(engine, env.rank, 3)
-        full = WeightExporter(model, bucket_bytes=64 << 10, dtype=None, delta=False,
-                              is_main=main_rank)
+        full = WeightExporter(model, bucket_bytes=64 << 10, dtype=None, is_main=main_rank)
         if main_rank:
             sink = RecordingVLLMSink(llm, initial.shapes)
         compare("full after step 3", full.export(sink))

@@ -30,7 +30,7 @@ import torch
 from graft.config import compose
 from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.engine.phase import OLD_LOGPROBS, REF_LOGPROBS, SFT, UPDATE
-from graft.losses.modes import BUILTIN_AGG_MODES
+from graft.losses import BUILTIN_AGG_MODES
 from graft.plugins import get_plugin_manager
 from graft.testing.invariance import fixed_token_samples
 from graft.training.sft import sft_loss

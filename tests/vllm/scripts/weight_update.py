@@ -19,7 +19,7 @@ from graft.engine.distributed import shutdown_distributed
 from graft.engine.micro_batch import TokenSample
 from graft.export import WeightExporter, hf_directory_sink
 from graft.training.trainer import Trainer
-from graft_vllm import VLLMSink, start_engine
+from graft_vllm import DeltaTracker, VLLMSink, start_engine
 
 PROMPT = [1, *range(10, 60)]
 
@@ -47,15 +47,16 @@ def main(out: str, preset: str, delta: bool) -> None:
                        "export.hf_at_end=false"])
         trainer = Trainer(cfg)
         model = trainer.engine.model
-        exporter = WeightExporter(model, bucket_bytes=64 << 10, dtype=None, delta=delta,
-                                  is_main=True)
+        tracker = DeltaTracker() if delta else None
+        exporter = WeightExporter(model, bucket_bytes=64 << 10, dtype=None, is_main=True,
+                                  entry_filter=tracker)
         # One export writes the engine's first weights and (delta) the exporter's baseline.
         initial = hf_directory_sink(model, Path(run) / "initial", dtype=None,
                                     tokenizer=trainer.tokenizer)
         exporter.export(initial)
         llm = start_engine(Path(run) / "initial", dtype="float32", max_model_len=256, seed=0)
         sink = VLLMSink(llm, initial.shapes, delta=delta,
-                        current=exporter.tracker.snapshot if delta else None)
+                        current=tracker.snapshot if delta else None)
         before = vllm_prompt_logprobs(llm, PROMPT)
         before_error = float((before - trainer_logprobs(trainer)).abs().max())
         trainer.fit()

@@ -27,8 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from graft._version import __version__
-from graft.checkpoint import layout, space
-from graft.checkpoint.context import LoadContext
+from graft.checkpoint import LoadContext, layout, space
 from graft.checkpoint.manifest import build_manifest, verify_files, write_manifest
 from graft.checkpoint.reader import resolve_checkpoint
 from graft.checkpoint.rng import capture_rng_state, restore_rng_state

@@ -60,7 +60,7 @@ def train_here(args: argparse.Namespace, cfg: Any) -> int:
     """Train ``cfg`` in this process: the whole run, or one torchrun rank of it."""
     _quiet_non_main_ranks()
     from graft.engine.distributed import end_torchrun_worker
-    from graft.training.api import train
+    from graft.training.trainer import train
 
     if int(os.environ.get("RANK", "0")) == 0:
         args.interrupt_note = lambda: resume_note(cfg)

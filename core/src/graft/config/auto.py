@@ -2,11 +2,11 @@
 
 ``rollout.decode=auto``, ``engine.max_tokens_per_row=null`` and ``engine.compile=null`` mean "what
 is fastest here". On CUDA that is the tuned row of ``bench/README.md`` (its measured rollout and
-update throughput against the old defaults): the static decode copy (Graft's graphed loop, its
-step fused by inductor: ``rollout.decode_compile=cudagraphs``,
-``rollout.decode_fuse_kernels=true``, their defaults), packed rows of at most 2048 tokens, no
-compiled decoder blocks. On CPU: the dynamic decode, one row per micro-batch, no compilation (what
-every run did before `auto`).
+update throughput against the old defaults): the static decode copy (its default
+``rollout.decode_compile=cudagraphs``: graft-graphed-decode's loop where installed, its step
+fused by inductor by default), packed rows of at most 2048 tokens, no compiled decoder blocks.
+On CPU: the dynamic decode, one row per micro-batch, no compilation (what every run did before
+`auto`).
 
 `resolve_auto` runs where the device is known (`graft.training.trainer.Trainer`, after the
 process group is up); everything built after it (engine, rollout, plugins' hooks) reads concrete

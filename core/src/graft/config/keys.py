@@ -40,7 +40,10 @@ MOVED_KEYS: dict[str, MovedKey] = {
     "rollout.gpu_memory_utilization": MovedKey("features.vllm.gpu_memory_utilization", 0.3,
                                                "graft-vllm"),
     "rollout.max_model_len": MovedKey("features.vllm.max_model_len", 1024, "graft-vllm"),
+    "export.delta": MovedKey("features.vllm.delta", False, "graft-vllm"),
     "rollout.exact": MovedKey("features.exact.enabled", False, "graft-exact"),
+    "rollout.decode_fuse_kernels": MovedKey("features.graphed_decode.fuse_kernels", True,
+                                            "graft-graphed-decode"),
 }
 
 

@@ -162,7 +162,7 @@ class EngineConfig:
     # forward and backward, never holding the tokens x vocab logits (graft.engine.chunked_head);
     # 0 takes the whole logits from the model (the path before). 4096 measured: bench/README.md.
     logprob_chunk_tokens: int = bounded(4096, ge=0, note="0: the whole logits at once")
-    # With chunked log-probs, a token-separable loss (PPO, SFT's NLL; graft.losses.separable) and
+    # With chunked log-probs, a token-separable loss (PPO, SFT's NLL; graft.losses.contract) and
     # a built-in loss_agg_mode: take the loss's gradient in the chunked head's forward, as
     # Liger's fused linear cross-entropy does, instead of recomputing every chunk's logits in
     # backward (graft.engine.fused_head_loss): one head matmul less per token, the default
@@ -239,8 +239,6 @@ class ExportConfig:
 
     # Bucket size in MiB; null = 2048 on GPU, 64 on CPU.
     bucket_mb: int | None = bounded(None, ge=1)
-    # Send only the rows that changed since the last export.
-    delta: bool = False
     # Exported dtype: auto = the model config's torch_dtype.
     dtype: str = choice("auto", ("auto", "float32", "bfloat16", "float16"))
     # Write <run_dir>/hf at the end of training.
@@ -262,28 +260,22 @@ class RolloutConfig:
     top_p: float = bounded(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = bounded(8, ge=1)
     # embedded only. auto (graft.config.auto): static on CUDA (with decode_compile=cudagraphs
-    # and decode_fuse_kernels: the fastest rollout measured, bench/README.md), dynamic on CPU.
+    # and graft-graphed-decode's loop, its kernels fused: the fastest rollout measured,
+    # bench/README.md), dynamic on CPU.
     # dynamic: the trained (sharded) model generates with a growing KV cache.
     # static: a plain copy of the weights in the compute dtype (refreshed after every update)
     # generates with a static KV cache (for models transformers compiles whole), its decode step
     # run as decode_compile says; no rank waits for another.
     decode: str = choice("auto", ("auto", "dynamic", "static"))
     # static decode: how its decode step runs.
-    # cudagraphs: Graft's own loop replays the decode step from a CUDA graph (eager on CPU) and
-    #   drops finished rows from the batch, with the trainer's numerics; its KV cache (batch x
-    #   (prompt + max_new_tokens) keys and values per layer, the smaller batches' its first rows)
-    #   and graphs stay allocated between rollouts. Models with sliding-window attention:
-    #   transformers' compiled step, cudagraphs backend.
-    # inductor: transformers' compiled step, fused kernels (slower than cudagraphs in
-    #   bench/README.md, rounding differently from the trainer's forward).
+    # cudagraphs: replayed from CUDA graphs: by a plugin's decode loop where one serves the model
+    #   (graft_static_decoder; graft-graphed-decode's, features.graphed_decode, drops finished
+    #   rows from the batch, with the trainer's numerics), else transformers' compiled step,
+    #   cudagraphs backend (models with sliding-window attention; every model without the plugin).
+    # inductor: transformers' compiled step, fused kernels (slower than graft-graphed-decode's
+    #   loop in bench/README.md, rounding differently from the trainer's forward).
     # none: transformers, eager.
     decode_compile: str = choice("cudagraphs", ("cudagraphs", "inductor", "none"))
-    # cudagraphs, on GPU: compile the step with inductor before capturing it, rounding wherever
-    # the eager ops round (emulate_precision_casts); GEMMs and attention stay the eager kernels.
-    # Faster than the eager kernels (bench/README.md). One graph for every decoder block
-    # (graft.rollout.regional_compile), kept in the compile cache. false: capture the eager
-    # kernels.
-    decode_fuse_kernels: bool = True
     # Multi-turn episodes with an environment plugin's tools (graft_environments; graft
     # plugins lists them), on any rollout engine; none = one response per prompt.
     environment: str = choice("none", ("none",), registry="environments")

@@ -4,7 +4,9 @@ split over the data-parallel ranks (each takes every ``dp_size``-th index of a g
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from graft.errors import ConfigError
 
@@ -23,6 +25,22 @@ def check_every_rank_gets_samples(size: int, dp_size: int, *, key: str, what: st
             f"step's {what} are split over the ranks, and a rank with none cannot take part in "
             f"the others' collectives. Set {key} to at least {dp_size} (a multiple of {dp_size} "
             f"splits evenly), or run on at most {size} rank{'s' if size > 1 else ''} (--nproc).")
+
+
+def batch_checked_job(job_class: Callable[[], type], *, batch_key: str,
+                      what: str) -> Callable[..., Any]:
+    """A ``graft_trainer_modes`` factory: at run start it checks that every data-parallel rank
+    gets part of the global batch the config key ``batch_key`` sizes (``what`` it counts;
+    `check_every_rank_gets_samples`), then builds ``job_class()(cfg, tokenizer, env)``.
+    ``job_class`` returns the class when called, so its torch imports wait for a run."""
+
+    def build(*, cfg: Any, tokenizer: Any, env: Any) -> Any:
+        section, key = batch_key.split(".")
+        check_every_rank_gets_samples(getattr(getattr(cfg, section), key), env.dp_size,
+                                      key=batch_key, what=what)
+        return job_class()(cfg, tokenizer, env)
+
+    return build
 
 
 @dataclass

@@ -18,6 +18,10 @@ module (which imports torch) on first access.
 * Which pass a forward belongs to (the ``phase`` of ``graft_prepare_inputs`` and
   ``graft_post_forward``): `Phase`, `PHASES`, `ROLLOUT_LOGPROBS`, `OLD_LOGPROBS`,
   `REF_LOGPROBS`, `UPDATE`, `SFT`.
+* A plugin's own decode loop (``graft_static_decoder``): `compute` (one step of the model run
+  inside every plugin's ``graft_compute`` wrapper), the rollout's steps it names (`PREFILL`,
+  `DECODE`, `SAMPLE_LOGPROBS`, in the phase `ROLLOUT`) and `token_logprobs` (the sampled
+  tokens' log-probs, fp32, the trainer's own function).
 * Token-chunked autograd functions (the core's chunked head, a plugin's tiled module
   forward): `token_chunks` (the chunks' slices), `add_chunk_grads` (parameter gradients summed
   over the chunks in fp32) and `cast_like` (the sums back in the parameters' dtypes).
@@ -30,11 +34,12 @@ Everything else under ``graft.engine.*`` is the core's own and may change withou
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # Imported here, not on first access: the function `token_chunks` would otherwise lose its name
 # to its module once anything imports `graft.engine.token_chunks` (the module imports no torch).
 from graft.engine.token_chunks import add_chunk_grads, cast_like, token_chunks
+from graft.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from graft.engine.distributed import DistEnv, broadcast_object
@@ -46,6 +51,7 @@ if TYPE_CHECKING:
         local_expert_weight,
         shard_experts,
     )
+    from graft.engine.logprobs import token_logprobs
     from graft.engine.parallel_dims import ParallelMeshes
     from graft.engine.parallelize import (
         apply_activation_checkpointing,
@@ -56,21 +62,30 @@ if TYPE_CHECKING:
         parallelize_standard,
     )
     from graft.engine.phase import (
+        DECODE,
         OLD_LOGPROBS,
         PHASES,
+        PREFILL,
         REF_LOGPROBS,
+        ROLLOUT,
         ROLLOUT_LOGPROBS,
+        SAMPLE_LOGPROBS,
         SFT,
         UPDATE,
         Phase,
+        compute,
     )
     from graft.engine.sequence_parallel import SequenceShard, active_shard
 
 __all__ = [
+    "DECODE",
     "OLD_LOGPROBS",
     "PHASES",
+    "PREFILL",
     "REF_LOGPROBS",
+    "ROLLOUT",
     "ROLLOUT_LOGPROBS",
+    "SAMPLE_LOGPROBS",
     "SFT",
     "UPDATE",
     "DistEnv",
@@ -87,6 +102,7 @@ __all__ = [
     "broadcast_object",
     "cast_like",
     "combine_tokens",
+    "compute",
     "dispatch_tokens",
     "grouped_linear",
     "local_expert_weight",
@@ -94,6 +110,7 @@ __all__ = [
     "parallelize_standard",
     "shard_experts",
     "token_chunks",
+    "token_logprobs",
 ]
 
 _MODULE_OF = {
@@ -108,15 +125,13 @@ _MODULE_OF = {
     **dict.fromkeys(["SequenceShard", "active_shard"], "graft.engine.sequence_parallel"),
     **dict.fromkeys(["OLD_LOGPROBS", "PHASES", "REF_LOGPROBS", "ROLLOUT_LOGPROBS", "SFT",
                      "UPDATE", "Phase"], "graft.engine.phase"),
+    **dict.fromkeys(["DECODE", "PREFILL", "ROLLOUT", "SAMPLE_LOGPROBS", "compute"],
+                    "graft.engine.phase"),
+    "token_logprobs": "graft.engine.logprobs",
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MODULE_OF:
-        import importlib
-
-        return getattr(importlib.import_module(_MODULE_OF[name]), name)
-    raise AttributeError(f"module 'graft.engine' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _MODULE_OF)
 
 
 def __dir__() -> list[str]:

@@ -3,7 +3,7 @@
 `graft.engine.chunked_head` keeps no logits: its backward recomputes each chunk's logits from the
 saved hidden states, one more ``tokens x hidden x vocab`` matmul per step (about 1% of a Llama-8B
 step at 32K tokens). When the loss is token-separable and its aggregation linear
-(`graft.losses.separable`), a token's loss gradient is known as soon as its log-prob is: here
+(`graft.losses.contract`), a token's loss gradient is known as soon as its log-prob is: here
 each chunk's logits give the log-probs, the loss of the chunk's tokens (``token_loss``), its
 gradient with respect to those log-probs, the logits' gradient (the same formulas as the chunked
 head's backward) and, through the head, the gradients of the hidden states and of the head's

@@ -8,7 +8,7 @@ the model in host memory, not N.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,11 +17,15 @@ from graft.engine.parallelize import parallelize
 from graft.models.build import build_empty_model, build_model, load_pretrained_weights
 from graft.models.family import ModelFamily
 
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
 
-def build_parallel_model(cfg: Any, env: DistEnv, *, role: str = "policy"
+
+def build_parallel_model(env: DistEnv, *, cfg: GraftConfig, role: str = "policy"
                          ) -> tuple[torch.nn.Module, ModelFamily]:
-    """``cfg.model`` built and parallelized (``role``: ``policy`` or ``reference``, which gets
-    no gradients); returns the sharded model and its family."""
+    """``cfg.model`` built (from ``cfg.trainer.seed``) and parallelized (``role``: ``policy`` or
+    ``reference``, which gets no gradients); returns the sharded model and its family. ``cfg``
+    is the root config: `parallelize` passes it on to the plugins."""
     if cfg.model.path:
         model, family = build_empty_model(cfg.model)
     else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -27,6 +27,9 @@ from graft.errors import ConfigError, PluginError
 from graft.models.family import ModelFamily
 from graft.plugins import get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
+
+if TYPE_CHECKING:
+    from graft.config.schema import EngineConfig, GraftConfig
 
 # Which model a build is for: the trained policy, or the frozen KL reference (no gradients).
 ROLES = ("policy", "reference")
@@ -124,13 +127,14 @@ def shard_unit(module: torch.nn.Module, *, mesh: DeviceMesh, mp_policy: MixedPre
 _PRE_SHARDED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
-def apply_pre_shard_hooks(model: torch.nn.Module, *, cfg: Any, mesh: DeviceMesh | None,
+def apply_pre_shard_hooks(model: torch.nn.Module, *, cfg: GraftConfig, mesh: DeviceMesh | None,
                           role: str = "policy", meshes: ParallelMeshes | None = None) -> None:
     """Run every ``graft_pre_shard`` plugin on ``model``, once, before it is sharded.
 
     Call it after activation checkpointing (and compile) and right before `apply_fsdp`: plugins
-    see checkpoint-wrapped blocks and real parameters. ``role`` is ``policy`` or ``reference``
-    (the frozen KL reference); ``meshes`` the run's `ParallelMeshes`. A custom
+    see checkpoint-wrapped blocks and real parameters. ``cfg`` is the root config the hook
+    passes on (plugins read their ``features.<name>`` section); ``role`` is ``policy`` or
+    ``reference`` (the frozen KL reference); ``meshes`` the run's `ParallelMeshes`. A custom
     ``ModelFamily.parallelize`` must call it too (passing the ``role`` and ``meshes`` it got);
     `parallelize` checks that it did.
     """
@@ -161,17 +165,19 @@ def check_expert_parallel(family: ModelFamily, ep: int,
         f"lists what is installed) or set engine.ep_size=1.")
 
 
-def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: DeviceMesh,
+def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: GraftConfig, mesh: DeviceMesh,
                 device: torch.device, role: str = "policy",
                 meshes: ParallelMeshes | None = None) -> torch.nn.Module:
     """Parallelize ``model`` with its family's ``parallelize`` (default: `parallelize_standard`).
 
-    ``mesh`` is the data-parallel mesh, ``meshes`` all of the run's (needed for expert
-    parallelism). Whichever function runs, the model is on ``device`` before it (a model with
-    meta parameters stays on meta and gets empty storage on ``device`` after sharding: fill it,
-    `graft.models.build.load_pretrained_weights`), and it must have run the ``graft_pre_shard``
-    plugins through `apply_pre_shard_hooks` (a `PluginError` otherwise: the hook cannot run
-    here afterwards, the model is sharded by then). ``role`` (``policy`` or ``reference``) is
+    ``cfg`` is the root config (``cfg.engine`` is checked here; the family's function and the
+    ``graft_pre_shard`` plugins get all of it). ``mesh`` is the data-parallel mesh, ``meshes``
+    all of the run's (needed for expert parallelism). Whichever function runs, the model is on
+    ``device`` before it (a model with meta parameters stays on meta and gets empty storage on
+    ``device`` after sharding: fill it, `graft.models.build.load_pretrained_weights`), and it
+    must have run the ``graft_pre_shard`` plugins through `apply_pre_shard_hooks` (a
+    `PluginError` otherwise: the hook cannot run here afterwards, the model is sharded by
+    then). ``role`` (``policy`` or ``reference``) is
     passed on to the hook. Returns the function's result.
     """
     from graft.models.registry import model_families
@@ -181,11 +187,11 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
     empty = any(p.is_meta for p in model.parameters())
     if not empty:
         model.to(device)
-    check_checkpoint_settings(cfg.engine)
+    check_checkpoint_settings(engine=cfg.engine)
     custom = family.parallelize or parallelize_standard
     result = call_with_keywords(custom, model=model, family=family, cfg=cfg, mesh=mesh,
                                 device=device, role=role, meshes=meshes)
-    check_checkpoint_groups(model, family, cfg.engine)
+    check_checkpoint_groups(model, family, engine=cfg.engine)
     if empty:
         materialize(result, device)
     if model not in _PRE_SHARDED:
@@ -197,7 +203,7 @@ def parallelize(model: torch.nn.Module, family: ModelFamily, *, cfg: Any, mesh: 
     return result
 
 
-def check_checkpoint_settings(engine: Any) -> None:
+def check_checkpoint_settings(*, engine: EngineConfig) -> None:
     """Before any family's ``parallelize``: ``engine.checkpoint_every_blocks`` > 1 without
     ``engine.activation_checkpointing`` is a `ConfigError`."""
     every = getattr(engine, "checkpoint_every_blocks", 1)
@@ -207,7 +213,8 @@ def check_checkpoint_settings(engine: Any) -> None:
                           f"or engine.checkpoint_every_blocks=1")
 
 
-def check_checkpoint_groups(model: torch.nn.Module, family: ModelFamily, engine: Any) -> None:
+def check_checkpoint_groups(model: torch.nn.Module, family: ModelFamily, *,
+                            engine: EngineConfig) -> None:
     """`ConfigError` when ``engine.checkpoint_every_blocks`` > 1 but the family's
     ``parallelize`` checkpointed the blocks one by one (it did not pass the setting on to
     `apply_activation_checkpointing`)."""
@@ -231,7 +238,7 @@ def materialize(model: torch.nn.Module, device: torch.device) -> None:
                 buffer.copy_(buffers[name])
 
 
-def parallelize_standard(model: torch.nn.Module, family: ModelFamily, *, cfg: Any,
+def parallelize_standard(model: torch.nn.Module, family: ModelFamily, *, cfg: GraftConfig,
                          mesh: DeviceMesh, device: torch.device, role: str = "policy",
                          meshes: ParallelMeshes | None = None) -> torch.nn.Module:
     """Checkpoint, compile, let plugins transform (`apply_pre_shard_hooks`), then shard ``model``.

@@ -11,7 +11,10 @@ inside every plugin's ``graft_compute`` wrapper.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
 
 Phase = Literal["rollout_logprobs", "old_logprobs", "ref_logprobs", "update", "sft"]
 
@@ -33,9 +36,11 @@ ROLLOUT = "rollout"
 T = TypeVar("T")
 
 
-def compute(step: str, run: Callable[[], T], *, phase: str, model: Any, cfg: Any) -> T:
+def compute(step: str, run: Callable[[], T], *, phase: str, model: Any,
+            cfg: GraftConfig | None) -> T:
     """``run()`` (one ``step`` of `STEPS` of ``model``'s computation in ``phase``) inside every
-    plugin's ``graft_compute`` wrapper; its result. Without a wrapper, ``run()`` alone."""
+    plugin's ``graft_compute`` wrapper, which gets the root config ``cfg``; its result. Without
+    a wrapper, ``run()`` alone."""
     from graft.plugins import get_plugin_manager
 
     caller = get_plugin_manager().hook.graft_compute

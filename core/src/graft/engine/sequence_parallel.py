@@ -41,6 +41,7 @@ from graft.errors import PluginError
 if TYPE_CHECKING:
     import torch.distributed as dist
 
+    from graft.config.schema import GraftConfig
     from graft.plugins import GraftPluginManager
 
 # The dimensions a plugin may size through graft_parallel_dims.
@@ -182,10 +183,10 @@ def backward_scale(shard: SequenceShard) -> float:
     return float(shard.size)
 
 
-def sequence_parallel_size(cfg: Any, manager: GraftPluginManager | None = None) -> int:
+def sequence_parallel_size(*, cfg: GraftConfig, manager: GraftPluginManager | None = None) -> int:
     """The run's sequence-parallel size: what the plugins' ``graft_parallel_dims`` give for
-    ``sp`` (1 when none does). Two plugins sizing one dimension, or a dimension the core does
-    not lay out, is a `PluginError` naming the plugins."""
+    ``sp`` (1 when none does) for the root config ``cfg``. Two plugins sizing one dimension,
+    or a dimension the core does not lay out, is a `PluginError` naming the plugins."""
     from graft.plugins import get_plugin_manager
 
     manager = manager or get_plugin_manager()

@@ -1,7 +1,7 @@
 """A micro-batch's loss as a sum over its tokens, for the fused head
 (`graft.engine.fused_head_loss`, ``engine.fuse_loss_into_head``).
 
-With a token-separable ``loss_fn`` (`graft.losses.separable`) and a built-in (linear)
+With a token-separable ``loss_fn`` (`graft.losses.contract`) and a built-in (linear)
 ``loss_agg_mode``, the micro-batch's aggregated loss is ``sum_t w_t loss_t``: the weights ``w``
 are the aggregation's gradient with respect to the per-token loss, taken once per micro-batch
 by autograd through the same `aggregate_loss` and `MicroBatch.to_sequences` the unfused path
@@ -18,7 +18,7 @@ from graft.engine.fused_head_loss import TokenLoss
 from graft.engine.micro_batch import MicroBatch
 from graft.losses.aggregation import AggregationContext
 from graft.losses.registry import aggregate_loss, builtin_aggregation
-from graft.losses.separable import is_token_separable
+from graft.losses.contract import is_token_separable
 
 # Tensors of the grid the loss never sees (as in TrainEngine.forward_backward).
 MODEL_INPUTS = ("input_ids", "labels", "position_ids")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -36,6 +36,9 @@ from graft.losses.aggregation import AggregationContext
 from graft.losses.registry import aggregate_loss
 from graft.models.family import ModelFamily
 from graft.plugins import get_plugin_manager
+
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
 
 T = TypeVar("T")
 
@@ -91,14 +94,17 @@ def merge_kept(results: Sequence[dict[str, torch.Tensor] | None]) -> dict[str, t
 
 @dataclass
 class TrainEngine:
-    """The sharded model, optimizer and schedule of a run, with the config that shapes them."""
+    """The sharded model, optimizer and schedule of a run, with the config that shapes them.
+
+    ``cfg`` is the root config: the engine reads ``cfg.engine``, ``cfg.loss.loss_agg_mode`` and
+    ``cfg.optim.max_grad_norm``, and passes all of it to the plugins' forward hooks."""
 
     model: torch.nn.Module
     family: ModelFamily
     optimizer: torch.optim.Optimizer | None  # None for a frozen model (the KL reference)
     scheduler: torch.optim.lr_scheduler.LRScheduler | None
     env: DistEnv
-    cfg: Any
+    cfg: GraftConfig
     compute_dtype: torch.dtype
     pad_token_id: int
     # optimizer steps skipped because the gradient norm was not finite (`optimizer_step`)

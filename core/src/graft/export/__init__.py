@@ -1,16 +1,19 @@
-"""Weight export: HF-layout handlers, streamed bucketed and delta export, sinks.
+"""Weight export: HF-layout handlers, streamed bucketed export, sinks.
 
 Public API, for plugins that export into their own consumer (an inference engine's sink):
 
 * `ExportContext` (what ``graft_export_slots`` handlers get) and the consumers, `CONSUMERS`:
   `HF_LAYOUT` (transformers' checkpoint layout) and `INFERENCE_LAYOUT` (a serving engine's
   weight loader, a sink's ``consumer`` attribute).
-* `WeightExporter` (full or delta exports of a live, possibly sharded model, again and again,
-  into a sink), `default_bucket_bytes` (``export.bucket_mb`` in bytes for a device) and
-  `hf_directory_sink` (a sink writing a Hugging Face directory).
+* `WeightExporter` (exports of a live, possibly sharded model, again and again, into a sink),
+  `default_bucket_bytes` (``export.bucket_mb`` in bytes for a device) and `hf_directory_sink`
+  (a sink writing a Hugging Face directory).
 * For a sink of one's own: `StagingSink` (stages every bucket on the host and applies nothing
-  before ``finish``), `DeltaEntry` (a changed tensor or rows of it, ``export.delta``), and the
-  per-expert names of fused experts tensors, `fused_name`, `expert_of_fused`, `split_fused`.
+  before ``finish``) and `RowBlock` (rows of an expert-parallel fused tensor, for sinks with
+  ``consume_rows``).
+* For an exporter that sends less than every tensor (graft-vllm's delta export):
+  `ExportFilter` (``WeightExporter(entry_filter=...)`` sees each entry and drops, replaces or
+  turns it into an update) and `UpdateSink` (a sink that applies such updates).
 
 Submodules (`graft.export.stream`, `graft.export.handlers`, `graft.export.sinks`...) are the
 core's own. Importing this package is cheap: the names that need torch load on first access.
@@ -20,15 +23,14 @@ from typing import Any
 
 from graft.export.context import CONSUMERS, HF_LAYOUT, INFERENCE_LAYOUT, ExportContext
 
-__all__ = ["CONSUMERS", "HF_LAYOUT", "INFERENCE_LAYOUT", "DeltaEntry", "ExportContext",
-           "StagingSink", "WeightExporter", "default_bucket_bytes", "expert_of_fused",
-           "fused_name", "hf_directory_sink", "split_fused"]
+__all__ = ["CONSUMERS", "HF_LAYOUT", "INFERENCE_LAYOUT", "ExportContext", "ExportFilter",
+           "RowBlock", "StagingSink", "UpdateSink", "WeightExporter", "default_bucket_bytes",
+           "hf_directory_sink"]
 
 _MODULE_OF = {
-    **dict.fromkeys(["DeltaEntry", "StagingSink"], "graft.export.sinks.base"),
+    **dict.fromkeys(["ExportFilter", "RowBlock", "StagingSink", "UpdateSink"],
+                    "graft.export.sinks.base"),
     **dict.fromkeys(["WeightExporter", "default_bucket_bytes"], "graft.export.stream"),
-    **dict.fromkeys(["expert_of_fused", "fused_name", "split_fused"],
-                    "graft.export.fused_experts"),
     "hf_directory_sink": "graft.export.hf",
 }
 

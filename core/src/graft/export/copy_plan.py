@@ -1,12 +1,12 @@
 """`CopyPlan`: a full export that is nothing but copies and all-gathers, laid out once.
 
 When every handler passes its parameter through unchanged, or slices it into views that tile it
-(one tensor per expert of a fused parameter, `graft.export.handlers.tiling_slots`), and no delta
-is kept, an export needs no per-tensor decisions: each parameter has a fixed place in one of the
-buckets, and its exported tensors are views of that place. Parameters split in row blocks over
-the ranks are all-gathered straight into that place (one write per byte, no temporary; cast to
-the export dtype before the gather); the others are copied (and cast), large ones one by one,
-small ones together.
+(one tensor per expert of a fused parameter, `graft.export.handlers.tiling_slots`), and no
+`ExportFilter` decides per entry, an export needs no per-tensor decisions: each parameter has a
+fixed place in one of the buckets, and its exported tensors are views of that place. Parameters
+split in row blocks over the ranks are all-gathered straight into that place (one write per
+byte, no temporary; cast to the export dtype before the gather); the others are copied (and
+cast), large ones one by one, small ones together.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def export_model_to_hf(model: torch.nn.Module, out_dir: Path, *, export_cfg: Any
     dtype = resolve_dtype(export_cfg.dtype, model)
     device = next(model.parameters()).device
     exporter = WeightExporter(model, bucket_bytes=default_bucket_bytes(export_cfg.bucket_mb, device),
-                              dtype=dtype, delta=False, is_main=is_main)
+                              dtype=dtype, is_main=is_main)
     sink = (hf_directory_sink(model, out_dir, dtype=dtype, tokenizer=tokenizer, protected=protected)
             if is_main else None)
     return exporter.export(sink)

@@ -15,13 +15,13 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from graft.export.bucket import Bucket
 from graft.export.context import CONSUMERS, HF_LAYOUT, ExportContext
 from graft.export.copy_plan import CopyPlan, fill_bucket, plan_copies
-from graft.export.delta import DeltaTracker
 from graft.export.expert_blocks import ReceiveBuffers, stream_expert_blocks
 from graft.export.gather import expert_mesh_dim, gather_full
 from graft.export.handlers import (
@@ -31,7 +31,7 @@ from graft.export.handlers import (
     meta_skeleton,
     passes_through,
 )
-from graft.export.sinks.base import DeltaEntry, DeltaSink, RowAssembler, RowBlock, WeightSink
+from graft.export.sinks.base import ExportFilter, RowAssembler, RowBlock, UpdateSink, WeightSink
 
 # What `_entries` yields: a whole tensor ``(hf_name, tensor, is_view)`` or a row block.
 Entry = tuple[str, torch.Tensor, bool] | RowBlock
@@ -63,7 +63,8 @@ class ExportStats:
     bytes_total: int = 0
     buckets: int = 0
     seconds: float = 0.0
-    delta: bool = False
+    # The exporter's filter said this export may send less than every tensor (`ExportFilter`).
+    partial: bool = False
 
     @property
     def gb_per_s(self) -> float:
@@ -161,26 +162,31 @@ def sink_consumer(sink: WeightSink | None) -> str:
 
 
 class WeightExporter:
-    """Exports a model to sinks again and again, keeping the delta snapshot between exports.
+    """Exports a model to sinks again and again (``bucket_bytes`` per bucket, in ``dtype`` or
+    the trained dtype; call `export` on every rank, the sink on the exporting one).
 
-    A full export whose handlers pass every parameter through, or slice it into views tiling it,
+    An export whose handlers pass every parameter through, or slice it into views tiling it,
     for the sink's consumer follows a bucket layout computed once per consumer
     (`graft.export.copy_plan`); any other export streams parameter by parameter, in the layout
-    of the sink's consumer (``sink.consumer``).
+    of the sink's consumer (``sink.consumer``). ``entry_filter`` (an `ExportFilter`, the same
+    kind on every rank; graft-vllm's delta export) sees every streamed entry before it is
+    bucketed and may drop, replace or turn it into a sink update; with one, every export
+    streams.
     """
 
     def __init__(self, model: torch.nn.Module, *, bucket_bytes: int, dtype: torch.dtype | None,
-                 delta: bool, is_main: bool, bucket_device: torch.device | None = None) -> None:
+                 is_main: bool, bucket_device: torch.device | None = None,
+                 entry_filter: ExportFilter | None = None) -> None:
         self.model = model
         self.dtype = dtype
         self.is_main = is_main
-        self.tracker = DeltaTracker() if delta else None
+        self.entry_filter = entry_filter
         device = bucket_device or next(model.parameters()).device
         self.bucket = Bucket(bucket_bytes, device, pin=True) if is_main else None
         self.bucket_bytes = bucket_bytes
         self._plans: dict[str, CopyPlan | None] = {}
-        # The plan of a full export to a Hugging Face checkpoint (None: streamed).
-        self.copy_plan: CopyPlan | None = None if delta else self._plan(HF_LAYOUT)
+        # The plan of an export to a Hugging Face checkpoint (None: streamed).
+        self.copy_plan: CopyPlan | None = None if entry_filter is not None else self._plan(HF_LAYOUT)
 
     def _plan(self, consumer: str) -> CopyPlan | None:
         if consumer not in self._plans:
@@ -199,14 +205,14 @@ class WeightExporter:
         return plans[consumer], consumer
 
     def export(self, sink: WeightSink | None) -> ExportStats:
-        """One full or delta export into ``sink`` (None on ranks that only help gather)."""
-        stats = ExportStats(delta=self.tracker is not None and bool(self.tracker.snapshot))
+        """One export into ``sink`` (None on ranks that only help gather)."""
+        stats = ExportStats()
         started = time.perf_counter()
         plan, consumer = None, sink_consumer(sink)
-        if self.tracker is None:
+        if self.entry_filter is None:
             plan, consumer = self._plan_for(consumer)
         else:
-            self.tracker.begin()
+            stats.partial = bool(self.entry_filter.begin())
         if sink is not None:
             sink.begin()
         try:
@@ -251,26 +257,22 @@ class WeightExporter:
 
     def _route(self, sink: WeightSink | None, name: str, tensor: torch.Tensor, is_view: bool,
                stats: ExportStats) -> None:
-        if self.tracker is not None:
-            entry = self.tracker.diff(name, tensor)
-            if entry is None:
+        if self.entry_filter is not None:
+            kept = self.entry_filter.tensor(name, tensor)
+            if not isinstance(kept, torch.Tensor):
+                self._send_update(sink, kept, stats)
                 return
-            if entry.rows is not None:
-                self._send_delta(sink, entry, stats)
-                return
-            # a new or wholly changed tensor travels like a full export's, in the bucket
+            is_view, tensor = is_view and kept is tensor, kept  # travels in the bucket
         self._pack(sink, stats, lambda: self.bucket.add(name, tensor, defer=is_view),
                    lambda: self._deliver(sink, [(name, tensor)], stats))
 
     def _route_rows(self, sink: WeightSink | None, block: RowBlock, stats: ExportStats) -> None:
-        if self.tracker is not None:
-            update = self.tracker.diff_rows(block)
-            if update is None:
+        if self.entry_filter is not None:
+            kept = self.entry_filter.rows(block)
+            if not isinstance(kept, RowBlock):
+                self._send_update(sink, kept, stats)
                 return
-            if isinstance(update, DeltaEntry):
-                self._send_delta(sink, update, stats)
-                return
-            # the first export of this tensor: every block travels like a full export's
+            block = kept  # travels in the bucket
         rows = (block.row_offset, block.full_shape)
         # a block may be a reused receive buffer: copied now, never deferred
         self._pack(sink, stats, lambda: self.bucket.add(block.name, block.values, rows=rows),
@@ -285,12 +287,15 @@ class WeightExporter:
             if not add():
                 send_alone()
 
-    def _send_delta(self, sink: WeightSink | None, entry: DeltaEntry, stats: ExportStats) -> None:
-        if not isinstance(sink, DeltaSink):
-            raise TypeError(f"export.delta needs a sink that applies row updates; "
-                            f"{type(sink).__name__} does not (it has no consume_delta)")
-        sink.consume_delta([entry])
-        stats.bytes_sent += entry.nbytes
+    def _send_update(self, sink: WeightSink | None, update: Any, stats: ExportStats) -> None:
+        """The filter's ``update`` to the sink on its own (nothing for None: a dropped entry)."""
+        if update is None:
+            return
+        if not isinstance(sink, UpdateSink):
+            raise TypeError(f"{type(self.entry_filter).__name__} sends updates only a sink with "
+                            f"consume_updates applies; {type(sink).__name__} has none")
+        sink.consume_updates([update])
+        stats.bytes_sent += update.nbytes
         stats.buckets += 1
 
     def _flush(self, sink: WeightSink | None, stats: ExportStats) -> None:

@@ -7,13 +7,17 @@ trainer does it: plugins first, then the core's modes), `BUILTIN_AGG_MODES`, and
 
 Submodules: `graft.losses.policy` (PPO clip, SFT NLL), `graft.losses.gspo` (GSPO),
 `graft.losses.aggregation` (the ``loss_agg_mode`` formulas), `graft.losses.registry` (lookups
-through the plugin hooks), `graft.losses.separable`. This package module imports nothing
-heavy (torch loads when a loss is aggregated).
+through the plugin hooks), `graft.losses.contract` (the torch-free names above). This package
+module imports nothing heavy (torch loads when a loss is aggregated).
 """
 
-from graft.losses.modes import BUILTIN_AGG_MODES, AggregationContext
+from graft.losses.contract import (
+    BUILTIN_AGG_MODES,
+    AggregationContext,
+    is_token_separable,
+    token_separable,
+)
 from graft.losses.registry import aggregate_loss
-from graft.losses.separable import is_token_separable, token_separable
 
 __all__ = ["BUILTIN_AGG_MODES", "AggregationContext", "aggregate_loss", "is_token_separable",
            "token_separable"]

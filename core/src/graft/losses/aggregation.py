@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from graft.losses.modes import AggregationContext
+from graft.losses.contract import AggregationContext
 
 
 def loss_scale_factor(cfg: Any) -> float:

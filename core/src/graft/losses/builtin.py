@@ -9,12 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from graft.hookspecs import hookimpl
-from graft.losses.modes import BUILTIN_AGG_MODES
+from graft.losses.contract import BUILTIN_AGG_MODES
 
 if TYPE_CHECKING:
     import torch
 
-    from graft.losses.modes import AggregationContext
+    from graft.losses.contract import AggregationContext
 
 
 @hookimpl(trylast=True)

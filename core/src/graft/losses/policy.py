@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from graft.losses.separable import token_separable
+from graft.losses.contract import token_separable
 
 if TYPE_CHECKING:
     import torch

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from graft.errors import ConfigError
-from graft.losses.modes import BUILTIN_AGG_MODES, AggregationContext
+from graft.losses.contract import BUILTIN_AGG_MODES, AggregationContext
 from graft.plugins import GraftPluginManager, get_plugin_manager
 from graft.plugins.registry import collect_named, implementers_without
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from graft.errors import ConfigError, PluginError
 from graft.plugins import GraftPluginManager, get_plugin_manager
@@ -21,14 +21,16 @@ from graft.plugins.registry import collect_named
 if TYPE_CHECKING:  # torch is imported where the math runs: config validation reads this module
     import torch
 
+    from graft.config.schema import GraftConfig
+
 EPS = 1e-6
 
 
 @dataclass(frozen=True)
 class AdvantageEstimator:
-    """An advantage estimator: ``compute(rewards, *, group_size, cfg) -> advantages`` and the
-    smallest group size (``rollout.n``) it gives a learning signal with (config validation
-    rejects smaller ones)."""
+    """An advantage estimator: ``compute(rewards, *, group_size, cfg) -> advantages`` (``cfg``
+    the root config) and the smallest group size (``rollout.n``) it gives a learning signal
+    with (config validation rejects smaller ones)."""
 
     compute: Callable[..., torch.Tensor]
     min_group_size: int = 1
@@ -45,7 +47,7 @@ def _groups(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch
     return centred, groups
 
 
-def grpo(rewards: torch.Tensor, *, group_size: int, cfg: Any) -> torch.Tensor:
+def grpo(rewards: torch.Tensor, *, group_size: int, cfg: GraftConfig) -> torch.Tensor:
     """``(r - mean_group) / (std_group + eps)``, or ``r - mean_group`` when
     ``algorithm.norm_adv_by_std`` is false (Dr. GRPO)."""
     centred, groups = _groups(rewards, group_size)
@@ -54,7 +56,7 @@ def grpo(rewards: torch.Tensor, *, group_size: int, cfg: Any) -> torch.Tensor:
     return centred.reshape(-1)
 
 
-def rloo(rewards: torch.Tensor, *, group_size: int, cfg: Any) -> torch.Tensor:
+def rloo(rewards: torch.Tensor, *, group_size: int, cfg: GraftConfig) -> torch.Tensor:
     """``r - mean of the other n - 1 samples`` = ``n / (n - 1) * (r - mean_group)``."""
     centred, _ = _groups(rewards, group_size)
     return (centred * group_size / (group_size - 1)).reshape(-1)
@@ -70,9 +72,10 @@ def advantage_estimators(manager: GraftPluginManager | None = None
             for name, value in found.items()}
 
 
-def group_estimator_needs_groups(cfg: Any, manager: GraftPluginManager) -> None:
-    """A config rule: ``rollout.n`` below the estimator's group size gives every sample
-    advantage 0 (`ConfigError`)."""
+def group_estimator_needs_groups(*, cfg: GraftConfig, manager: GraftPluginManager) -> None:
+    """A config rule (``graft_config_rules``: called with keywords, ``cfg`` the root config):
+    ``rollout.n`` below the estimator's group size gives every sample advantage 0
+    (`ConfigError`)."""
     if cfg.trainer.mode != "rl":
         return
     estimator = advantage_estimators(manager).get(cfg.algorithm.advantage)
@@ -85,7 +88,7 @@ def group_estimator_needs_groups(cfg: Any, manager: GraftPluginManager) -> None:
 
 
 def compute_advantages(estimator: AdvantageEstimator, rewards: torch.Tensor, *,
-                       group_size: int, cfg: Any) -> torch.Tensor:
+                       group_size: int, cfg: GraftConfig) -> torch.Tensor:
     """One float32 advantage per sample from ``estimator`` (rewards in consecutive groups).
 
     A reward or an advantage that is not finite is a `PluginError` naming the estimator and

@@ -10,20 +10,20 @@ from graft.hookspecs import hookimpl
 from graft.plugins.registry import registry_names
 
 
-def rl_job(*, cfg: Any, tokenizer: Any, env: Any) -> Any:
-    """Generate, score, update, push weights to the generator, repeat."""
-    from graft.data.sampler import check_every_rank_gets_samples
+def rl_job_class() -> type:
+    """`graft.rl.job.RLJob`: generate, score, update, push weights to the generator, repeat."""
     from graft.rl.job import RLJob
 
-    check_every_rank_gets_samples(cfg.rollout.prompts_per_step, env.dp_size,
-                                  key="rollout.prompts_per_step", what="prompts")
-    return RLJob(cfg, tokenizer, env)
+    return RLJob
 
 
 @hookimpl
 def graft_trainer_modes() -> dict[str, Any]:
     """``rl``: the trainer mode of this package."""
-    return {"rl": rl_job}
+    from graft.data.sampler import batch_checked_job
+
+    return {"rl": batch_checked_job(rl_job_class, batch_key="rollout.prompts_per_step",
+                                    what="prompts")}
 
 
 @hookimpl

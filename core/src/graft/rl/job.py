@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,7 @@ from graft.engine.phase import OLD_LOGPROBS, REF_LOGPROBS, ROLLOUT_LOGPROBS
 from graft.engine.train_engine import LossFn, TrainEngine
 from graft.losses.aggregation import loss_scale_factor
 from graft.losses.registry import policy_losses
-from graft.losses.separable import is_token_separable, token_separable
+from graft.losses.contract import is_token_separable, token_separable
 from graft.plugins import get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
 from graft.rl.advantages import advantage_estimators, compute_advantages
@@ -41,13 +41,19 @@ from graft.training.job import validation_due
 from graft.training.metrics import console_print
 from graft.training.samples import SampleLog, format_sample, sample_records, shown_to_model
 
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
+
 MISMATCH = "train_infer_logprob_diff"
 # share of response tokens whose rollout log-prob equals the trainer's bit for bit
 EXACT_FRACTION = "train_infer_logprob_exact_fraction"
 
 
-def rl_loss(cfg: Any, *, on_policy: bool = False) -> LossFn:
+def rl_loss(*, cfg: GraftConfig, on_policy: bool = False) -> LossFn:
     """The configured policy loss plus the KL penalty (``loss.kl_coef``) per token.
+
+    ``cfg`` is the root config: the loss reads ``cfg.loss``, the policy loss gets that section
+    as ``cfg`` and the whole as ``root_cfg``.
 
     ``on_policy``: no old log-probs were recomputed; they are the update's own (detached), and
     the train-inference mismatch is measured here instead.
@@ -85,18 +91,19 @@ def label_aligned(sample: RolloutSample, values: torch.Tensor) -> torch.Tensor:
 
 
 class RLJob:
-    """Prompts, reward, rollout engine and the update of one RL run."""
+    """Prompts, reward, rollout engine and the update of one RL run, from the root config
+    ``cfg`` (which the rollout engine, the rewards and the plugins' hooks get whole)."""
 
-    def __init__(self, cfg: Any, tokenizer: Any, env: DistEnv) -> None:
+    def __init__(self, cfg: GraftConfig, tokenizer: Any, env: DistEnv) -> None:
         self.cfg = cfg
         self.env = env
         self.tokenizer = tokenizer
         prompts = load_prompts(cfg.data, tokenizer, seed=cfg.trainer.seed)
         self.texts, self.prompts = prompts.samples, prompts.ids
         self.sampler = EpochSampler(len(self.texts), seed=cfg.trainer.seed, shuffle=cfg.data.shuffle)
-        self.validator = _validator(cfg, tokenizer, env)
+        self.validator = _validator(tokenizer, env, cfg=cfg)
         held_out = self.validator.samples if self.validator is not None else []
-        self.rewards = RewardScorer(cfg, [*self.texts, *held_out])  # starts the reward workers
+        self.rewards = RewardScorer([*self.texts, *held_out], cfg=cfg)  # starts the reward workers
         self.sample_log = SampleLog(Path("."), enabled=False)  # the run's own from `attach`
         self._records: list[dict[str, Any]] = []  # this step's, for samples.jsonl
         self.estimator = advantage_estimators()[cfg.algorithm.advantage]
@@ -104,19 +111,19 @@ class RLJob:
                                  cfg.rollout.max_new_tokens)
         self.rollout: RolloutEngine | None = None
         self.reference: TrainEngine | None = None
-        self.episodes = build_episode_runner(cfg, tokenizer=tokenizer, env=env)
+        self.episodes = build_episode_runner(cfg=cfg, tokenizer=tokenizer, env=env)
 
     def attach(self, engine: TrainEngine, run_dir: Path) -> None:
         """Start the rollout engine (and the frozen reference for the KL penalty)."""
         from graft.rl.setup import build_reference
         from graft.rollout.registry import build_rollout
 
-        self.rollout = build_rollout(self.cfg, engine=engine, env=self.env, run_dir=run_dir,
+        self.rollout = build_rollout(cfg=self.cfg, engine=engine, env=self.env, run_dir=run_dir,
                                      tokenizer=self.tokenizer)
         self.sample_log = SampleLog(run_dir, enabled=self.env.is_main
                                     and self.cfg.trainer.log_samples > 0)
         if self.cfg.loss.kl_coef > 0:
-            self.reference = build_reference(self.cfg, self.env, engine)
+            self.reference = build_reference(self.env, engine, cfg=self.cfg)
 
     def step(self, engine: TrainEngine) -> dict[str, float]:
         """One RL step on this rank's share of ``rollout.prompts_per_step`` prompts."""
@@ -276,7 +283,7 @@ class RLJob:
         (``skipped_updates``: the optimizer steps skipped for a non-finite gradient norm)."""
         algorithm = self.cfg.algorithm
         groups = max(1, min(algorithm.mini_batches, len(batches)))
-        loss_fn = rl_loss(self.cfg, on_policy=on_policy)
+        loss_fn = rl_loss(cfg=self.cfg, on_policy=on_policy)
         scale = loss_scale_factor(self.cfg)
         results, norms, skipped = [], [], engine.skipped_updates
         for _ in range(algorithm.ppo_epochs):
@@ -353,8 +360,9 @@ class RLJob:
         self.rollout = self.reference = None
 
 
-def _validator(cfg: Any, tokenizer: Any, env: DistEnv) -> Validator | None:
+def _validator(tokenizer: Any, env: DistEnv, *, cfg: GraftConfig) -> Validator | None:
     """The held-out set's validator, when there is one and validation is on."""
     if cfg.trainer.val_every_steps == 0 or not cfg.data.val_path:
         return None
-    return Validator(cfg, load_validation_prompts(cfg.data, tokenizer), env)
+    return Validator(load_validation_prompts(cfg.data, tokenizer), env, val=cfg.val,
+                     trainer=cfg.trainer, rollout=cfg.rollout)

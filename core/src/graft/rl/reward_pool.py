@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graft.errors import GraftError, PluginError
 from graft.plugins.discovery import install_hint
@@ -36,6 +36,9 @@ from graft.rl.reward_workers import (
     reward_name,
     run_reward,
 )
+
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
 
 __all__ = ["PoolResult", "RewardFailure", "RewardPool", "RewardValueError", "debug_trace",
            "portable_config", "reward_name", "run_reward"]
@@ -93,9 +96,10 @@ def debug_trace(trace: str) -> str:
 
 class RewardPool:
     """``workers`` threads or processes (``kind``) that score samples, each within
-    ``timeout_s`` seconds. Workers start on first use; `close` stops them."""
+    ``timeout_s`` seconds; the rewards get the root config ``cfg``. Workers start on first
+    use; `close` stops them."""
 
-    def __init__(self, kind: str, *, workers: int, timeout_s: float, cfg: Any) -> None:
+    def __init__(self, kind: str, *, workers: int, timeout_s: float, cfg: GraftConfig) -> None:
         if kind not in ("thread", "process"):
             raise ValueError(f"unknown reward pool kind {kind!r}")
         self.kind, self.size, self.timeout_s, self.cfg = kind, workers, timeout_s, cfg
@@ -161,7 +165,7 @@ class RewardPool:
 
     def _start_worker(self) -> Any:
         if self.kind == "thread":
-            worker = ThreadWorker(self._outbox, self.cfg)
+            worker = ThreadWorker(self._outbox, cfg=self.cfg)
         else:
             if self._config is None:
                 self._config = portable_config(self.cfg)

@@ -16,10 +16,13 @@ import queue
 import threading
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graft.errors import PluginError
 from graft.plugins.keywords import call_with_keywords
+
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
 
 # (the reward: a `graft.rl.rewards.RewardFunction`, the decoded response, the sample it answers)
 RewardTask = tuple[Any, str, Any]
@@ -29,9 +32,11 @@ class RewardValueError(ValueError):
     """A reward returned something other than a finite number (the message says what)."""
 
 
-def run_reward(fn: Callable[..., float], response: str, sample: Any, cfg: Any) -> float:
-    """``fn`` called with the keywords it declares of ``response``, ``sample`` and ``cfg``, as a
-    float; a value that is no finite number raises `RewardValueError`."""
+def run_reward(fn: Callable[..., float], response: str, sample: Any, *,
+               cfg: GraftConfig) -> float:
+    """``fn`` called with the keywords it declares of ``response``, ``sample`` and ``cfg`` (the
+    root config; in a worker process its read-only copy), as a float; a value that is no
+    finite number raises `RewardValueError`."""
     value = call_with_keywords(fn, response=response, sample=sample, cfg=cfg)
     try:
         number = float(value)
@@ -54,9 +59,10 @@ def _preload(reward: Any) -> None:
 
 
 class ThreadWorker:
-    """A daemon thread that scores the tasks put in its inbox, reporting to a shared outbox."""
+    """A daemon thread that scores the tasks put in its inbox, reporting to a shared outbox;
+    the rewards get the root config ``cfg``."""
 
-    def __init__(self, outbox: queue.SimpleQueue, cfg: Any) -> None:
+    def __init__(self, outbox: queue.SimpleQueue, *, cfg: GraftConfig) -> None:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.outbox, self.cfg = outbox, cfg
         self.abandoned = False
@@ -75,7 +81,7 @@ class ThreadWorker:
                 continue
             try:
                 self.outbox.put((self, "started", index, None))
-                value = run_reward(reward.fn, response, sample, self.cfg)
+                value = run_reward(reward.fn, response, sample, cfg=self.cfg)
                 self.outbox.put((self, "done", index, value))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 self.outbox.put((self, "error", index, (exc, traceback.format_exc())))
@@ -180,7 +186,7 @@ def worker_main(fd: int) -> None:
             return
         try:
             conn.send(("started", index, None))
-            conn.send(("done", index, run_reward(reward.fn, response, sample, cfg)))
+            conn.send(("done", index, run_reward(reward.fn, response, sample, cfg=cfg)))
         except BaseException as exc:  # noqa: BLE001 - handed to the parent
             _send_error(conn, "error", index, exc)
 
@@ -203,8 +209,8 @@ def _send_error(conn: Any, kind: str, index: int, exc: BaseException) -> None:
         conn.send((kind, index, (RuntimeError(f"{type(exc).__name__}: {exc}"), trace)))
 
 
-def portable_config(cfg: Any) -> dict[str, Any]:
-    """The config as plain data for another process (the root schema class is built at run
+def portable_config(cfg: GraftConfig) -> dict[str, Any]:
+    """The root config as plain data for another process (the root schema class is built at run
     time and does not pickle); a worker reads it as a read-only OmegaConf config."""
     from omegaconf import OmegaConf
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from graft.data.tasks import TASKS, TextSample
 from graft.errors import ConfigError, PluginError
@@ -26,6 +26,7 @@ from graft.plugins.registry import collect_named
 logger = logging.getLogger("graft.rl")
 
 if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
     from graft.rl.reward_pool import RewardFailure
 
 RewardFn = Callable[..., float]
@@ -139,10 +140,11 @@ class RewardScorer:
     its worker process) stops the run under ``algorithm.reward_errors=stop``; under ``zero`` it
     scores 0 and is counted in ``reward_errors``. The pools start on first use, or with
     ``samples`` (the dataset) at once the pools their rewards need, so worker processes start
-    while the model loads; `close` stops them."""
+    while the model loads; `close` stops them. ``cfg`` is the root config (the rewards get it
+    whole)."""
 
-    def __init__(self, cfg: Any, samples: Sequence[TextSample] = (),
-                 manager: GraftPluginManager | None = None) -> None:
+    def __init__(self, samples: Sequence[TextSample] = (),
+                 manager: GraftPluginManager | None = None, *, cfg: GraftConfig) -> None:
         from graft.rl.reward_pool import RewardPool
 
         algorithm = cfg.algorithm

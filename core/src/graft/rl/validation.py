@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from graft.data.dataset import Prompts
 from graft.data.tasks import TextSample
 from graft.engine.distributed import DistEnv, all_reduce
 from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
+
+if TYPE_CHECKING:
+    from graft.config.schema import RolloutConfig, TrainerConfig, ValConfig
 
 PREFIX = "val/"
 RIGHT = 1.0  # a response is right (for pass@k) at this reward or more
@@ -61,17 +64,21 @@ class ValidationResult:
 
 
 class Validator:
-    """Generates on this rank's share of the held-out prompts and scores them."""
+    """Generates on this rank's share of the held-out prompts and scores them.
 
-    def __init__(self, cfg: Any, prompts: Prompts, env: DistEnv) -> None:
-        val = cfg.val
+    ``val`` says how (its ``max_new_tokens`` null: ``rollout.max_new_tokens``); the RNG is
+    seeded from ``trainer.seed``.
+    """
+
+    def __init__(self, prompts: Prompts, env: DistEnv, *, val: ValConfig, trainer: TrainerConfig,
+                 rollout: RolloutConfig) -> None:
         limit = val.max_prompts or len(prompts.ids)
         self.samples, self.ids = prompts.samples[:limit], prompts.ids[:limit]
         self.env = env
         self.n = val.n
-        self.seed = cfg.trainer.seed
+        self.seed = trainer.seed
         self.spec = SamplingSpec(val.temperature, val.top_p,
-                                 val.max_new_tokens or cfg.rollout.max_new_tokens)
+                                 val.max_new_tokens or rollout.max_new_tokens)
 
     def run(self, rollout: RolloutEngine, *, score: Callable[[list[str], list[TextSample]],
                                                               list[float]],

@@ -4,8 +4,9 @@
 return) and `cut_at_eos` (a generated row up to its first ``eos``); for
 multi-turn environment plugins (``graft_environments``) `Environment`, `EnvironmentFactory`,
 `Observation` and `MalformedAction` (`graft.rollout.environment`); for a plugin's attention
-implementation, `register_boolean_mask_attention` (the decode loop may run it:
-`graft.rollout.decode_attention`).
+implementation, `register_boolean_mask_attention` (a plugin's decode loop, supplied through
+``graft_static_decoder``, may hand it a boolean mask), which such a loop reads with
+`boolean_mask_attentions`.
 
 Importing the package is cheap (the built-in engine registry lives here and loads with every
 command); the types import torch when first used.
@@ -15,8 +16,26 @@ from typing import Any
 
 __all__ = ["Environment", "EnvironmentFactory", "MalformedAction", "Observation", "RolloutEngine",
            "RolloutSample", "SamplingSpec", "cut_at_eos", "refuse_extras",
-           "register_boolean_mask_attention"]
+           "boolean_mask_attentions", "register_boolean_mask_attention"]
 ENVIRONMENT = ("Environment", "EnvironmentFactory", "MalformedAction", "Observation")
+# transformers attention implementations (their ``AttentionInterface`` names) that plugins said
+# take a decode loop's boolean mask (`register_boolean_mask_attention`)
+_BOOLEAN_MASK_ATTENTIONS: set[str] = set()
+
+
+def register_boolean_mask_attention(name: str) -> None:
+    """Let a plugin's decode loop (``graft_static_decoder``: graft-graphed-decode's, from CUDA
+    graphs) decode a model whose attention is ``name`` (registered with transformers'
+    ``AttentionInterface``), handing it a boolean ``(batch, 1, queries, keys)`` mask (True:
+    attend) that may cover fewer keys than the cache holds (the slots filled so far).
+    Idempotent; call it when registering the attention."""
+    _BOOLEAN_MASK_ATTENTIONS.add(name)
+
+
+def boolean_mask_attentions() -> frozenset[str]:
+    """The attention implementations registered with `register_boolean_mask_attention` so far
+    (a decode loop asks when it is built, after the plugins installed their attentions)."""
+    return frozenset(_BOOLEAN_MASK_ATTENTIONS)
 
 
 def __getattr__(name: str) -> Any:
@@ -24,10 +43,6 @@ def __getattr__(name: str) -> Any:
         from graft.rollout import environment
 
         return getattr(environment, name)
-    if name == "register_boolean_mask_attention":
-        from graft.rollout import decode_attention
-
-        return decode_attention.register_boolean_mask_attention
     if name in __all__:
         from graft.rollout import types
 

@@ -5,14 +5,18 @@ Kept free of torch imports at module level: the plugin manager loads it for ever
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graft.hookspecs import hookimpl
 from graft.plugins.registry import registry_names
 
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
 
-def build_embedded(*, cfg: Any, engine: Any, env: Any, tokenizer: Any) -> Any:
-    """The trained model itself generates (batched HF generation with a KV cache)."""
+
+def build_embedded(*, cfg: GraftConfig, engine: Any, env: Any, tokenizer: Any) -> Any:
+    """The trained model itself generates (batched HF generation with a KV cache), as the root
+    config ``cfg`` says (``rollout``, ``engine``; the plugins' hooks get all of it)."""
     from graft.rollout.embedded import EmbeddedRollout
 
     static = cfg.rollout.decode == "static"
@@ -21,7 +25,6 @@ def build_embedded(*, cfg: Any, engine: Any, env: Any, tokenizer: Any) -> Any:
                            reshard_blocks=cfg.engine.reshard_after_forward,
                            static_copy_dtype=engine.compute_dtype if static else None,
                            compile_backend=cfg.rollout.decode_compile,
-                           fuse_decode_kernels=cfg.rollout.decode_fuse_kernels,
                            left_padding_exact=engine.family.left_padding_exact, cfg=cfg)
 
 

@@ -7,10 +7,10 @@ gathered (``reshard_after_forward`` off), so decoding does not all-gather every 
 
 ``rollout.decode=static``: a plain copy of the weights in the compute dtype
 (`graft.rollout.inference_copy.InferenceCopy`, refreshed after every update) generates with a
-static cache, which transformers compiles (CUDA graphs) on GPU; ranks generate independently.
-With ``rollout.decode_compile=cudagraphs`` Graft's own loop (`graft.rollout.graphed_decode`)
-replays the decode step from a CUDA graph instead, for models it can run (on GPU its kernels fused
-by inductor with the eager rounding, ``rollout.decode_fuse_kernels``).
+static cache, which transformers compiles on GPU as ``rollout.decode_compile`` says; ranks
+generate independently. A plugin may supply the loop the copy decodes with instead
+(``graft_static_decoder``: graft-graphed-decode's replays the decode step from a CUDA graph, for
+models it can run, with ``rollout.decode_compile=cudagraphs``).
 
 Generation and its log-probs run inside the plugins' ``graft_compute`` wrappers (steps
 ``generate``, ``prefill``, ``decode``, ``sample_logprobs``), as the trainer's forward does
@@ -20,7 +20,7 @@ Generation and its log-probs run inside the plugins' ``graft_compute`` wrappers 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -30,11 +30,15 @@ from graft.engine.logprobs import token_logprobs
 from graft.engine.phase import GENERATE, ROLLOUT, SAMPLE_LOGPROBS, compute
 from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos, refuse_extras
 
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
+
 T = TypeVar("T")
 
 
 class EmbeddedRollout:
-    """Samples from the model being trained; its weights are always current."""
+    """Samples from the model being trained; its weights are always current. ``cfg`` is the
+    root config the plugins' hooks get (``graft_compute``, ``graft_inference_copy``)."""
 
     kind = "embedded"
     llm = None
@@ -42,8 +46,8 @@ class EmbeddedRollout:
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_id: int,
                  device: torch.device, reshard_blocks: bool = True,
                  static_copy_dtype: torch.dtype | None = None,
-                 compile_backend: str = "inductor", fuse_decode_kernels: bool = False,
-                 left_padding_exact: bool = True, cfg: Any = None) -> None:
+                 compile_backend: str = "inductor", left_padding_exact: bool = True,
+                 cfg: GraftConfig | None = None) -> None:
         self.model = model
         self.cfg = cfg
         self.left_padding_exact = left_padding_exact
@@ -52,19 +56,18 @@ class EmbeddedRollout:
         self.eos_token_id = eos_token_id
         self.device = device
         self.copy = None
+        # a plugin's decode loop for the static copy (``graft_static_decoder``): ``generate(ids,
+        # mask, spec) -> (tokens, logprobs)``; None: transformers' ``generate``
         self.decoder = None
         if static_copy_dtype is not None:
-            from graft.rollout.graphed_decode import GraphedDecoder, decodes_with_graphs
+            from graft.plugins import get_plugin_manager
             from graft.rollout.inference_copy import InferenceCopy
 
             self.copy = InferenceCopy(model, dtype=static_copy_dtype, device=device,
                                       compile_backend=compile_backend, cfg=cfg)
-            if compile_backend == "cudagraphs" and decodes_with_graphs(self.copy.model):
-                self.decoder = GraphedDecoder(self.copy.model, pad_token_id=pad_token_id,
-                                              eos_token_id=eos_token_id,
-                                              use_graphs=device.type == "cuda",
-                                              fuse_kernels=fuse_decode_kernels
-                                              and device.type == "cuda", cfg=cfg)
+            self.decoder = get_plugin_manager().hook.graft_static_decoder(
+                model=self.copy.model, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
+                device=device, decode_compile=compile_backend, cfg=cfg)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,9 @@ from graft.errors import PluginError
 from graft.rollout.env_calls import EnvFailure, call_all, checked_step
 from graft.rollout.observations import MalformedObservation, observation_ids
 from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
+
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
 
 logger = logging.getLogger("graft.rollout")
 SHOWN_FAILURES = 3  # failed episodes of a run logged one line each; the rest are counted
@@ -111,11 +114,14 @@ class EpisodeBatch:
 
 
 class EpisodeRunner:
-    """Runs episodes of the environment a factory builds (one fresh environment per episode)."""
+    """Runs episodes of the environment a factory builds (one fresh environment per episode).
+
+    The factory gets the root config ``cfg`` (None in tests without one) and the tokenizer.
+    """
 
     def __init__(self, factory: Any, *, tokenizer: Any, limits: EpisodeLimits,
-                 cfg: Any = None, active_episodes: Any = None, sum_over_ranks: Any = None,
-                 ranks: int = 1) -> None:
+                 cfg: GraftConfig | None = None, active_episodes: Any = None,
+                 sum_over_ranks: Any = None, ranks: int = 1) -> None:
         from graft.plugins.keywords import call_with_keywords
 
         self.make = lambda: call_with_keywords(factory, cfg=cfg, tokenizer=tokenizer)

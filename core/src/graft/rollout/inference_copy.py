@@ -9,7 +9,7 @@ collectives and transformers can compile its decode step. `refresh` copies the t
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -17,6 +17,9 @@ from graft.export.gather import gather_full
 from graft.export.handlers import exported_entries
 from graft.models.registry import family_for
 from graft.plugins import GraftPluginManager, get_plugin_manager
+
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
 
 
 class InferenceCopy:
@@ -27,7 +30,7 @@ class InferenceCopy:
     """
 
     def __init__(self, trained: torch.nn.Module, *, dtype: torch.dtype, device: torch.device,
-                 compile_backend: str = "inductor", cfg: Any = None,
+                 compile_backend: str = "inductor", cfg: GraftConfig | None = None,
                  manager: GraftPluginManager | None = None) -> None:
         from transformers import AutoModelForCausalLM
 

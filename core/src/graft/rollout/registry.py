@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from graft.plugins import GraftPluginManager, get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
 from graft.plugins.registry import collect_named
 from graft.rollout.types import RolloutEngine
+
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
 
 
 def rollout_engines(manager: GraftPluginManager | None = None) -> dict[str, Callable[..., Any]]:
@@ -18,9 +21,10 @@ def rollout_engines(manager: GraftPluginManager | None = None) -> dict[str, Call
                          "rollout engine")
 
 
-def build_rollout(cfg: Any, *, engine: Any, env: Any, run_dir: Path,
+def build_rollout(*, cfg: GraftConfig, engine: Any, env: Any, run_dir: Path,
                   tokenizer: Any) -> RolloutEngine:
-    """The engine ``rollout.engine`` names, built by its factory (with the keywords it takes)."""
+    """The engine ``cfg.rollout.engine`` names, built by its factory (with the keywords it
+    takes; ``cfg``, the root config, is passed on whole)."""
     factory = rollout_engines()[cfg.rollout.engine]
     return call_with_keywords(factory, cfg=cfg, engine=engine, env=env, run_dir=run_dir,
                               tokenizer=tokenizer)
@@ -32,9 +36,9 @@ def environments(manager: GraftPluginManager | None = None) -> dict[str, Callabl
     return collect_named(manager or get_plugin_manager(), "graft_environments", "environment")
 
 
-def build_episode_runner(cfg: Any, *, tokenizer: Any, env: Any) -> Any:
-    """The `graft.rollout.episodes.EpisodeRunner` of ``rollout.environment``, or None for
-    ``none`` (one response per prompt)."""
+def build_episode_runner(*, cfg: GraftConfig, tokenizer: Any, env: Any) -> Any:
+    """The `graft.rollout.episodes.EpisodeRunner` of ``cfg.rollout.environment``, or None for
+    ``none`` (one response per prompt); the environment's factory gets the root config ``cfg``."""
     rollout = cfg.rollout
     if rollout.environment == "none":
         return None

@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from graft.errors import PluginError
+from graft.lazy import lazy_attributes
 from graft.plugins import GraftPluginManager, PluginRecord, get_plugin_manager
 from graft.plugins.discovery import discover_candidates
 
@@ -51,12 +52,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'graft.testing' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 def check_plugin(plugin: object, name: str = "plugin-under-test") -> list[str]:

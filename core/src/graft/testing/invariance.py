@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from graft.engine.micro_batch import TokenSample
-from graft.losses.modes import BUILTIN_AGG_MODES
+from graft.losses.contract import BUILTIN_AGG_MODES
 
 
 def fixed_token_samples(count: int = 16, *, seed: int = 7) -> list[TokenSample]:

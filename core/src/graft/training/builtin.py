@@ -21,20 +21,20 @@ from graft.plugins.registry import registry_names
 RUNS = Path("runs")  # where a run without trainer.run_dir goes (graft.training.run_dir.RUNS)
 
 
-def sft_job(*, cfg: Any, tokenizer: Any, env: Any) -> Any:
-    """Supervised fine-tuning on prompt/response pairs."""
-    from graft.data.sampler import check_every_rank_gets_samples
+def sft_job_class() -> type:
+    """`graft.training.sft.SFTJob`: supervised fine-tuning on prompt/response pairs."""
     from graft.training.sft import SFTJob
 
-    check_every_rank_gets_samples(cfg.trainer.global_batch_size, env.dp_size,
-                                  key="trainer.global_batch_size", what="samples")
-    return SFTJob(cfg, tokenizer, env)
+    return SFTJob
 
 
 @hookimpl
 def graft_trainer_modes() -> dict[str, Any]:
     """``sft`` (``rl`` comes from `graft.rl.builtin`)."""
-    return {"sft": sft_job}
+    from graft.data.sampler import batch_checked_job
+
+    return {"sft": batch_checked_job(sft_job_class, batch_key="trainer.global_batch_size",
+                                     what="samples")}
 
 
 @hookimpl

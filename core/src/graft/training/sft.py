@@ -28,7 +28,7 @@ from graft.engine.micro_batch import TokenSample
 from graft.engine.phase import REF_LOGPROBS, SFT
 from graft.engine.train_engine import TrainEngine
 from graft.losses.aggregation import loss_scale_factor
-from graft.losses.separable import token_separable
+from graft.losses.contract import token_separable
 from graft.training.job import validation_due
 from graft.training.metrics import console_print
 

@@ -48,7 +48,7 @@ logger = logging.getLogger("graft.train")
 
 def build_engine(cfg: Any, env: DistEnv, *, pad_token_id: int) -> TrainEngine:
     """Model (preset or local), parallelized; AdamW; schedule."""
-    model, family = build_parallel_model(cfg, env)
+    model, family = build_parallel_model(env, cfg=cfg)
     optimizer = build_optimizer(model, cfg.optim, env.device)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.trainer.total_steps)
     policy = mixed_precision_policy(cfg.engine.mixed_precision, env.device)
@@ -77,7 +77,8 @@ class Trainer:
         self.manager = get_plugin_manager()
         self.env = init_distributed(device_preference=cfg.engine.device,
                                     ep_size=cfg.engine.ep_size,
-                                    sp_size=sequence_parallel_size(cfg, self.manager))
+                                    sp_size=sequence_parallel_size(cfg=cfg,
+                                                                   manager=self.manager))
         self.run_dir = resolve_run_dir(cfg, is_main=self.env.is_main)
         written = cfg
         self.cfg = cfg = self._resolve_auto(cfg)
@@ -251,6 +252,21 @@ class Trainer:
             print_summary([m for m in log.history if m["step"] > 0], self.run_dir,
                           wall_time_s=log.elapsed_s())
         return log.history
+
+
+def train(cfg: Any = None, *, overrides: tuple[str, ...] | list[str] = ()) -> list[dict[str, Any]]:
+    """The Python entry point for library users, ``graft.train``: train with ``cfg`` (a config
+    from `graft.config.compose`), or compose one from ``overrides``; return the per-step
+    metrics. Works in one process or under torchrun (``graft train`` calls it on every rank);
+    the process group is shut down when it returns or raises."""
+    from graft.config import compose
+    from graft.engine.distributed import shutdown_distributed
+
+    config = cfg if cfg is not None else compose(list(overrides))
+    try:
+        return Trainer(config).fit()
+    finally:
+        shutdown_distributed()
 
 
 def finished_step(checkpoint: Path | None, total_steps: int) -> int | None:

@@ -22,7 +22,7 @@ the KV-cache length, so the rollout's sampling log-probs equal the trainer's bit
 The names below are loaded on first access (importing the plugin stays free of torch).
 """
 
-from typing import Any
+from graft import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -37,9 +37,4 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'graft_exact' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

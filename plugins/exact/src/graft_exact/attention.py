@@ -135,7 +135,8 @@ def exact_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
 
 def register_exact_attention() -> None:
     """Register `EXACT_ATTENTION` with transformers' attention and mask registries, and with
-    Graft's decode loop as an attention that takes its boolean masks (idempotent)."""
+    the decode loops as an attention that takes their boolean masks (graft-graphed-decode's;
+    idempotent)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

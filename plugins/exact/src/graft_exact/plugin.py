@@ -19,7 +19,8 @@ def graft_config_sections() -> list[tuple[str, type]]:
 
 @hookimpl
 def graft_config_rules() -> list[Any]:
-    """The default ``rollout.decode_fuse_kernels`` off; what the kernels cannot serve refused."""
+    """The default ``features.graphed_decode.fuse_kernels`` off (graft-graphed-decode's fused
+    decode step); what the kernels cannot serve refused."""
     from graft_exact.support import exact_needs_what_it_can_serve, unfused_decode_by_default
 
     return [unfused_decode_by_default, exact_needs_what_it_can_serve]

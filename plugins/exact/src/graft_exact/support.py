@@ -20,6 +20,8 @@ from graft_exact.config import exact_enabled
 
 ON = "features.exact.enabled=true"
 OFF = "set features.exact.enabled=false"
+# graft-graphed-decode's inductor-fused decode step (its section exists where it is installed)
+FUSED_DECODE = "features.graphed_decode.fuse_kernels"
 
 
 def check_exact_support(config: Any, family: Any = None) -> None:
@@ -50,19 +52,26 @@ def check_exact_settings(cfg: Any) -> None:
     if cfg.rollout.decode_compile == "inductor":
         raise ConfigError(f"{ON} cannot take rollout.decode_compile=inductor (inductor fuses its "
                           f"own kernels); use cudagraphs (the default) or none")
-    if cfg.rollout.decode_fuse_kernels:
-        raise ConfigError(f"{ON} cannot take rollout.decode_fuse_kernels=true (inductor fuses "
-                          f"its own kernels into the decode step); leave it unset or false")
+    if getattr(_graphed_decode(cfg), "fuse_kernels", False):
+        raise ConfigError(f"{ON} cannot take {FUSED_DECODE}=true (inductor fuses its own "
+                          f"kernels into the decode step); leave it unset or false")
     if cfg.engine.compile:
         raise ConfigError(f"{ON} cannot take engine.compile=true (compiled blocks fuse their own "
                           f"kernels); leave engine.compile unset")
 
 
 def unfused_decode_by_default(cfg: Any, user_keys: Collection[str]) -> None:
-    """``features.exact.enabled=true`` turns the default ``rollout.decode_fuse_kernels`` off;
-    a true the user set is refused by `check_exact_settings`."""
-    if exact_enabled(cfg) and not was_set("rollout.decode_fuse_kernels", user_keys):
-        cfg.rollout.decode_fuse_kernels = False
+    """``features.exact.enabled=true`` turns the default ``features.graphed_decode.fuse_kernels``
+    off (where graft-graphed-decode is installed); a true the user set is refused by
+    `check_exact_settings`."""
+    section = _graphed_decode(cfg)
+    if exact_enabled(cfg) and section is not None and not was_set(FUSED_DECODE, user_keys):
+        section.fuse_kernels = False
+
+
+def _graphed_decode(cfg: Any) -> Any:
+    """``cfg.features.graphed_decode``, or None without graft-graphed-decode."""
+    return getattr(getattr(cfg, "features", None), "graphed_decode", None)
 
 
 def exact_needs_what_it_can_serve(cfg: Any, manager: Any) -> None:

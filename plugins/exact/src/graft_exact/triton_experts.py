@@ -8,7 +8,7 @@ product. A row's result depends only on that row and its expert's weights, whate
 the other tokens' experts or where the row lands in its tile, so a token's expert output is the
 same in a decode step and in a packed training row. transformers' ``eager`` experts (the CPU
 path) find the hit experts with ``nonzero`` on the host, which a CUDA graph cannot capture
-(`graft.rollout.capturable`).
+(graft-graphed-decode's `graft_graphed_decode.capturable`).
 
 The backward is the ordinary one (a loop over the hit experts, outside the exact kernels):
 gradients need not be batch-invariant. Runs on CPU tensors under ``TRITON_INTERPRET=1`` (tests).

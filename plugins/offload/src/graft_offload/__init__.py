@@ -7,8 +7,7 @@ Importing this package is cheap (no torch); the torch-level names load on first 
 `StandInRace` (what the stand-in raises for a copy queued out of order).
 """
 
-from typing import Any
-
+from graft import lazy_attributes
 from graft_offload.config import OffloadConfig
 
 __version__ = "0.1.0"
@@ -25,9 +24,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'graft_offload' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

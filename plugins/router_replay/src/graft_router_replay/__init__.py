@@ -5,7 +5,7 @@ the batch keys routes travel under (``ROUTES``, ``VALID``) and the engine-output
 (``ingest_routes``).
 """
 
-from typing import Any
+from graft import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -18,9 +18,4 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'graft_router_replay' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -27,6 +27,9 @@ class VLLMConfig:
     # Context length in tokens, prompt and response: at most the model's
     # max_position_embeddings (the default is lowered to it; a larger value set is an error).
     max_model_len: int = bounded(1024, ge=1)
+    # Weight syncs after the first send only the rows that changed since the last one
+    # (graft_vllm.delta; the engine still reloads every weight).
+    delta: bool = False
 
 
 def vllm_section(cfg: Any) -> VLLMConfig:

@@ -1,12 +1,13 @@
 """The vLLM rollout engine: a vLLM engine whose weights follow the trainer.
 
 At start the trainer's weights are exported once to ``<run_dir>/rollout_init`` (a HF directory;
-with ``export.delta`` the same export is the delta baseline) and vLLM starts from it on rank 0 at
-the first generation (so plugins can still `request_extras` in ``graft_rollout_begin``); after
-every update `sync_weights` streams the new weights into it (`graft_vllm.sink.VLLMSink`;
-only changed tensors with ``export.delta``). With a single trainer process the engine runs inside
-it; under torchrun it runs in its own process, generates for every rank's prompts (gathered to
-rank 0) and hands the samples back.
+with ``features.vllm.delta`` the same export is the delta baseline) and vLLM starts from it on
+rank 0 at the first generation (so plugins can still `request_extras` in
+``graft_rollout_begin``); after every update `sync_weights` streams the new weights into it
+(`graft_vllm.sink.VLLMSink`; only changed rows with ``features.vllm.delta``, through
+`graft_vllm.delta.DeltaTracker`). With a single trainer process the engine runs inside it; under
+torchrun it runs in its own process, generates for every rank's prompts (gathered to rank 0) and
+hands the samples back.
 
 Per-request outputs (`VLLMRollout.request_extras`): ``routed_experts``, each completion's
 ``CompletionOutput.routed_experts`` as vLLM returns it, in ``sample.engine_extras``. Whether the
@@ -27,6 +28,7 @@ from graft.errors import ConfigError, PluginError
 from graft.export import WeightExporter, default_bucket_bytes, hf_directory_sink
 from graft.rollout import RolloutSample, SamplingSpec, cut_at_eos, refuse_extras
 from graft_vllm.config import vllm_section
+from graft_vllm.delta import DeltaTracker
 from graft_vllm.engine import context_length_problem, import_vllm, shutdown_engine, start_engine
 from graft_vllm.sink import VLLMSink
 
@@ -89,9 +91,10 @@ class VLLMRollout:
         # vLLM computes in the trainer's compute dtype, so log-probs agree to rounding.
         self.dtype_name = str(compute_dtype).removeprefix("torch.")
         self.init_dir = run_dir / "rollout_init"
+        self.tracker = DeltaTracker() if self.settings.delta else None
         self.exporter = WeightExporter(
             model, bucket_bytes=default_bucket_bytes(cfg.export.bucket_mb, device),
-            dtype=compute_dtype, delta=cfg.export.delta, is_main=env.is_main)
+            dtype=compute_dtype, is_main=env.is_main, entry_filter=self.tracker)
         init_sink = (hf_directory_sink(model, self.init_dir, dtype=compute_dtype,
                                        tokenizer=tokenizer) if env.is_main else None)
         self.exporter.export(init_sink)  # the engine's first weights (and the delta baseline)
@@ -129,7 +132,7 @@ class VLLMRollout:
                 raise
             raise PluginError(f"vLLM refused to start with the per-request outputs "
                               f"{', '.join(map(repr, self.extras))} requested: {exc}") from exc
-        tracker = self.exporter.tracker
+        tracker = self.tracker
         self.sink = VLLMSink(self.llm, self.shapes, delta=tracker is not None,
                              current=tracker.snapshot if tracker is not None else None)
 

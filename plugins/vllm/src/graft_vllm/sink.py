@@ -21,7 +21,9 @@ from typing import Any
 import torch
 
 from graft.errors import GraftError
-from graft.export import INFERENCE_LAYOUT, DeltaEntry, StagingSink, expert_of_fused, split_fused
+from graft.export import INFERENCE_LAYOUT, StagingSink
+from graft_vllm.delta import DeltaEntry
+from graft_vllm.fused_experts import expert_of_fused, split_fused
 
 
 def check_engine_shapes(staged: dict[str, torch.Tensor],
@@ -50,16 +52,17 @@ class VLLMSink(StagingSink):
         self._delta = delta
         # The last pushed weights, kept only for delta exports: vLLM reloads whole tensors, so
         # every push sends all of them, row updates applied to a copy. ``current`` (what the
-        # engine started with; usually the exporter's delta snapshot) is kept by reference and
+        # engine started with; usually the `DeltaTracker`'s snapshot) is kept by reference and
         # updated in place, so it follows the layout the exporter now sends (fused experts
         # split per expert as the snapshot is). Full exports keep nothing between pushes.
         self.current: dict[str, torch.Tensor] = {}
         if delta and current is not None:
             self.current = current
 
-    def consume_delta(self, entries: list[DeltaEntry]) -> None:
-        """Apply row updates to a copy of the last pushed weights (vLLM reloads whole tensors)."""
-        for entry in entries:
+    def consume_updates(self, updates: list[DeltaEntry]) -> None:
+        """Apply a delta export's row updates (`graft_vllm.delta.DeltaTracker`) to a copy of
+        the last pushed weights (vLLM reloads whole tensors)."""
+        for entry in updates:
             if entry.rows is None:
                 self.staged[entry.name] = entry.values.detach().to("cpu", copy=True)
                 continue

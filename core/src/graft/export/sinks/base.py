@@ -1,29 +1,14 @@
 """The sink protocol: where exported weights go (a HF directory, a dict, a plugin's inference
-engine...)."""
+engine...), and the filter protocol: what an exporter may leave out or send otherwise."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from graft.errors import GraftError
-
-
-@dataclass
-class DeltaEntry:
-    """A changed HF tensor: all of it (``rows`` None) or the rows at ``rows`` (dim 0)."""
-
-    name: str
-    values: torch.Tensor
-    rows: torch.Tensor | None = None
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this entry carries (values plus row indices)."""
-        extra = 0 if self.rows is None else self.rows.numel() * self.rows.element_size()
-        return self.values.numel() * self.values.element_size() + extra
 
 
 @dataclass(frozen=True)
@@ -108,11 +93,12 @@ class WeightSink(Protocol):
 
 
 @runtime_checkable
-class DeltaSink(WeightSink, Protocol):
-    """A sink that can apply row updates to the weights it already holds."""
+class UpdateSink(WeightSink, Protocol):
+    """A sink that applies the updates an `ExportFilter` makes (graft-vllm's changed rows)."""
 
-    def consume_delta(self, entries: list[DeltaEntry]) -> None:
-        """Changed tensors (or rows of them) since the previous export."""
+    def consume_updates(self, updates: list[Any]) -> None:
+        """Updates from the exporter's filter, in export order, each on its own (outside the
+        bucket); like buckets, they take effect at ``finish``."""
 
 
 @runtime_checkable
@@ -121,6 +107,40 @@ class RowSink(WeightSink, Protocol):
 
     def consume_rows(self, blocks: list[RowBlock]) -> None:
         """Row blocks of tensors (views of a reused buffer: copy them)."""
+
+
+@runtime_checkable
+class ExportFilter(Protocol):
+    """Sees every entry of an export on the exporting rank before it is bucketed, and decides
+    what is sent for it: a delta export (graft-vllm's ``features.vllm.delta``) sends only what
+    changed since the last export.
+
+    Given to `graft.export.WeightExporter` as ``entry_filter``, it lives as long as the
+    exporter, so it may keep state from one export to the next. An exporter with a filter
+    streams every export parameter by parameter (it never follows a copy plan), on every rank.
+    What `tensor` and `rows` return:
+
+    * None: nothing is sent for this entry;
+    * a ``torch.Tensor`` (from `tensor`) or a `RowBlock` (from `rows`): it travels in the
+      bucket as a full export's entry would, under the entry's name (the entry itself, or a
+      replacement of the same name);
+    * anything else: an update with an ``nbytes`` attribute (bytes it carries), handed to the
+      sink's ``consume_updates`` on its own (the sink must be an `UpdateSink`; any other is a
+      ``TypeError``) and counted as sent.
+    """
+
+    def begin(self) -> bool:
+        """An export starts (on every rank, before any entry); True when it may send less
+        than every entry (``ExportStats.partial`` of `WeightExporter.export`)."""
+
+    def tensor(self, name: str, tensor: torch.Tensor) -> Any:
+        """What to send for the whole tensor ``name`` (HF name, the sink consumer's layout).
+        ``tensor`` may be a view of the model or of a reused buffer: copy what you keep."""
+
+    def rows(self, block: RowBlock) -> Any:
+        """What to send for one row block of an expert-parallel fused tensor (only for sinks
+        with ``consume_rows``; others get whole tensors through `tensor`). ``block.values``
+        may be a reused receive buffer: copy what you keep."""
 
 
 class StagingSink:
@@ -159,4 +179,21 @@ class StagingSink:
 
     def abort(self, error: BaseException) -> None:
         """Drop what was staged."""
+        self.begin()
+
+
+class StateDictSink(StagingSink):
+    """An in-memory consumer: keeps the exported weights in ``self.weights`` (HF names, CPU).
+
+    What a library user iterating over exports wants, and the reference consumer in tests.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def finish(self) -> None:
+        """Apply everything staged at once."""
+        self.check_complete()
+        self.weights.update(self.staged)
         self.begin()

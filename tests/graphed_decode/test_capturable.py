@@ -8,8 +8,8 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from graft.models.builtin import tiny_deepseek_v3, tiny_qwen3_moe
-from graft.rollout.capturable import host_synchronising_experts
-from graft.rollout.graphed_decode import GraphedDecoder
+from graft_graphed_decode.capturable import host_synchronising_experts
+from graft_graphed_decode.decoder import GraphedDecoder
 
 
 def decoder(model, **kwargs) -> GraphedDecoder:

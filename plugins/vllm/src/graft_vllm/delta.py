@@ -1,33 +1,72 @@
-"""Delta export: compare each HF tensor with the last exported one and send only changed rows.
+"""Delta export (``features.vllm.delta``): compare each HF tensor with the last exported one and
+send only changed rows.
+
+`DeltaTracker` is the exporter's `graft.export.ExportFilter`
+(``WeightExporter(entry_filter=DeltaTracker())``): a new or wholly changed tensor travels in the
+bucket as in a full export, an unchanged one is dropped, and the changed rows of any other go to
+the sink as a `DeltaEntry` (its ``consume_updates``: `graft_vllm.sink.VLLMSink`, or
+`StateDictDeltaSink`).
 
 The snapshot of the last export lives in host memory (pinned on GPU) on the exporting rank.
 With fp32 master weights and small RL learning rates, many bf16 values do not change from one
 step to the next, so many rows (experts, vocabulary rows) need not be sent. Expert-parallel fused
-tensors arrive as row blocks (`RowBlock`) and are compared block by block, never whole.
+tensors arrive as row blocks (`graft.export.RowBlock`) and are compared block by block, never
+whole.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from graft.export.fused_experts import split_fused
-from graft.export.sinks.base import DeltaEntry, RowBlock
+from graft.export import RowBlock, StagingSink
+from graft_vllm.fused_experts import split_fused
+
+
+@dataclass
+class DeltaEntry:
+    """A changed HF tensor: all of it (``rows`` None) or the rows at ``rows`` (dim 0)."""
+
+    name: str
+    values: torch.Tensor
+    rows: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this entry carries (values plus row indices)."""
+        extra = 0 if self.rows is None else self.rows.numel() * self.rows.element_size()
+        return self.values.numel() * self.values.element_size() + extra
 
 
 class DeltaTracker:
-    """Remembers the last exported value of every HF tensor."""
+    """Remembers the last exported value of every HF tensor; the exporter's filter."""
 
     def __init__(self) -> None:
         self.snapshot: dict[str, torch.Tensor] = {}
         # Tensors whose row blocks are still arriving for the first time: name -> rows filled.
         self._filling: dict[str, int] = {}
 
-    def begin(self) -> None:
+    def begin(self) -> bool:
         """An export starts: forget tensors a failed export left half recorded (they are sent
-        whole again)."""
+        whole again). True when a snapshot exists (this export may send only changes)."""
+        partial = bool(self.snapshot)
         for name in self._filling:
             self.snapshot.pop(name, None)
         self._filling = {}
+        return partial
+
+    def tensor(self, name: str, tensor: torch.Tensor) -> torch.Tensor | DeltaEntry | None:
+        """The exporter's question for a whole tensor: ``tensor`` itself when it is new or
+        changed everywhere (it travels in the bucket), its changed rows, or None."""
+        entry = self.diff(name, tensor)
+        if entry is None or entry.rows is not None:
+            return entry
+        return entry.values
+
+    def rows(self, block: RowBlock) -> RowBlock | DeltaEntry | None:
+        """The exporter's question for a row block: `diff_rows`."""
+        return self.diff_rows(block)
 
     def diff(self, name: str, tensor: torch.Tensor) -> DeltaEntry | None:
         """The update for ``name`` (None when nothing changed); records the new value.
@@ -86,3 +125,38 @@ class DeltaTracker:
                            pin_memory=tensor.is_cuda)
         copy.copy_(tensor)
         self.snapshot[name] = copy
+
+
+class StateDictDeltaSink(StagingSink):
+    """An in-memory consumer of full and delta exports: ``self.weights`` (HF names, CPU).
+
+    The reference consumer of delta exports in tests (a delta export applied to it must give
+    exactly what a full export gives), and a dict for library users who export deltas.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights: dict[str, torch.Tensor] = {}
+        self._staged_rows: list[DeltaEntry] = []
+
+    def begin(self) -> None:
+        """Start staging."""
+        super().begin()
+        self._staged_rows = []
+
+    def consume_updates(self, updates: list[DeltaEntry]) -> None:
+        """Stage row updates (applied in `finish`)."""
+        for entry in updates:
+            if entry.rows is None:
+                self.staged[entry.name] = entry.values.detach().to("cpu", copy=True)
+            else:
+                self._staged_rows.append(DeltaEntry(entry.name, entry.values.detach().cpu(),
+                                                    entry.rows.detach().cpu()))
+
+    def finish(self) -> None:
+        """Apply everything staged at once."""
+        self.check_complete()
+        self.weights.update(self.staged)
+        for entry in self._staged_rows:
+            self.weights[entry.name][entry.rows] = entry.values
+        self.begin()

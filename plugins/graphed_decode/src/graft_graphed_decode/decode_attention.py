@@ -1,4 +1,4 @@
-"""Attention for `graft.rollout.graphed_decode` over a static KV cache, given a ``(batch, 1,
+"""Attention for `graft_graphed_decode.decoder` over a static KV cache, given a ``(batch, 1,
 queries, keys)`` boolean mask: the decode steps (one query position per row) and the prefill.
 
 transformers' SDPA path copies every cached key and value once per query head when a mask is
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import torch
 
+from graft.rollout import boolean_mask_attentions
+
 GROUPED_ATTENTION = "graft_grouped_query_decode"
-# transformers attention implementations that take the decode loop's boolean ``(batch, 1,
-# queries, keys)`` mask (True: attend) over the first ``keys`` cache slots; SDPA is switched to
-# `GROUPED_ATTENTION`, the others are kept. A plugin's attention joins with
-# `register_boolean_mask_attention`.
-BOOLEAN_MASK_ATTENTIONS: set[str] = {"sdpa", GROUPED_ATTENTION}
+# The attention implementations of this loop's own that take its boolean mask: SDPA is switched
+# to `GROUPED_ATTENTION`. Other plugins' attentions join through the core
+# (`graft.rollout.register_boolean_mask_attention`) and are kept.
+OWN_BOOLEAN_MASK_ATTENTIONS = ("sdpa", GROUPED_ATTENTION)
 # A prefill's mask is copied once per query head of a group; above this many elements (bools)
 # the prefill takes transformers' path instead (keys and values copied per head).
 GROUPED_MASK_ELEMENTS = 1 << 28
@@ -59,10 +60,9 @@ def use_grouped_query_attention(model: torch.nn.Module) -> None:
     model.set_attn_implementation(GROUPED_ATTENTION)
 
 
-def register_boolean_mask_attention(name: str) -> None:
-    """Let `graft.rollout.graphed_decode.GraphedDecoder` decode (from CUDA graphs) a model whose
-    attention is ``name`` (registered with transformers' ``AttentionInterface``), handing it
-    a boolean ``(batch, 1, queries, keys)`` mask (True: attend) that may cover fewer keys than
-    the cache holds (the slots filled so far). Idempotent; call it when registering the
-    attention."""
-    BOOLEAN_MASK_ATTENTIONS.add(name)
+def takes_boolean_mask(attention: str | None) -> bool:
+    """Whether the decode loop hands the attention implementation ``attention`` (transformers'
+    name) a boolean ``(batch, 1, queries, keys)`` mask (True: attend) over the first ``keys``
+    cache slots: SDPA (switched to `GROUPED_ATTENTION`), that one, and every attention a plugin
+    registered with `graft.rollout.register_boolean_mask_attention`."""
+    return attention in OWN_BOOLEAN_MASK_ATTENTIONS or attention in boolean_mask_attentions()

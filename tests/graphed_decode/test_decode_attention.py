@@ -7,8 +7,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from graft.rollout import decode_attention
-from graft.rollout.decode_attention import grouped_query_decode_attention
+from graft_graphed_decode import decode_attention
+from graft_graphed_decode.decode_attention import grouped_query_decode_attention
 
 
 def attention_module() -> torch.nn.Module:

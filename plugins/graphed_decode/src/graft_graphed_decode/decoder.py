@@ -12,11 +12,11 @@ numerics.
 A graph still runs every kernel the step launches: eagerly, a Llama layer is some forty (each
 RMSNorm six, rotary a dozen), and at small batches their launches, not the weights, set a step's
 time. With ``fuse_kernels`` each decoder block's decode step is compiled by inductor first, one
-graph for every block (`graft.rollout.regional_compile`: compiling the step whole took minutes),
-with ``emulate_precision_casts``: a fused kernel rounds to the compute dtype wherever the eager
-ops would have, so the elementwise chains become a few kernels without changing their rounding;
-the GEMMs and the attention stay the eager (aten) kernels. Reductions inside fused kernels (the
-RMSNorm mean) may still sum in another order.
+graph for every block (`graft_graphed_decode.regional_compile`: compiling the step whole took
+minutes), with ``emulate_precision_casts``: a fused kernel rounds to the compute dtype wherever
+the eager ops would have, so the elementwise chains become a few kernels without changing their
+rounding; the GEMMs and the attention stay the eager (aten) kernels. Reductions inside fused
+kernels (the RMSNorm mean) may still sum in another order.
 
 The step's inputs live in fixed tensors the graph reads (the last tokens, their positions, which
 cache slots hold keys); the model gets an explicit 4-D mask built from them inside the graph, so
@@ -29,16 +29,17 @@ own `token_logprobs`) run on the device; the host looks at the finished flags ev
 As rows finish, the loop moves the unfinished ones into a smaller batch (steps of about an eighth
 of the first, each with its graphs, its cache the first rows of the full batch's) so that
 finished rows stop costing compute. With SDPA, a decode step attends with grouped queries (the
-query heads of a key/value head as one query block, `graft.rollout.decode_attention`) instead of
-copying every cached key and value once per query head, as transformers' SDPA path does when a
-mask is given; and only to the cache slots filled so far, rounded up (one graph per such length,
-`_attended_lengths`), not to the empty end of the cache: at large batches the attention was
-the largest single cost of a step (bench/README.md).
+query heads of a key/value head as one query block,
+`graft_graphed_decode.decode_attention`) instead of copying every cached key and value once per
+query head, as transformers' SDPA path does when a mask is given; and only to the cache slots
+filled so far, rounded up (one graph per such length, `_attended_lengths`), not to the empty end
+of the cache: at large batches the attention was the largest single cost of a step
+(bench/README.md).
 
 Only for models whose attention is full and causal over one static cache (``layer_types`` all
 ``full_attention``, no sliding window): others keep transformers' path
 (`decodes_with_graphs`). A model with transformers' eager MoE experts runs the same loop without
-graphs (`graft.rollout.capturable`).
+graphs (`graft_graphed_decode.capturable`).
 
 Memory: the cache of one cache length (``batch x length`` keys and values per layer; the
 smaller batches' caches are views of its first rows) and the graphs (one memory pool) stay
@@ -54,14 +55,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from graft.engine.logprobs import token_logprobs
-from graft.engine.phase import DECODE, PREFILL, ROLLOUT, SAMPLE_LOGPROBS, compute
-from graft.models.family import standard_decoder_blocks
-from graft.models.kv_cache import cache_keyword
-from graft.rollout.capturable import host_synchronising_experts
-from graft.rollout.decode_attention import BOOLEAN_MASK_ATTENTIONS, use_grouped_query_attention
-from graft.rollout.regional_compile import compile_decoder_blocks, compiled_blocks
-from graft.rollout.types import SamplingSpec
+from graft.engine import DECODE, PREFILL, ROLLOUT, SAMPLE_LOGPROBS, compute, token_logprobs
+from graft.models import cache_keyword
+from graft.rollout import SamplingSpec
+from graft_graphed_decode.capturable import host_synchronising_experts
+from graft_graphed_decode.decode_attention import takes_boolean_mask, use_grouped_query_attention
+from graft_graphed_decode.regional_compile import compile_decoder_blocks, compiled_blocks
 
 T = TypeVar("T")
 CACHE_LENGTH_MULTIPLE = 64  # cache lengths round up to this, so nearby prompt lengths share a graph
@@ -77,10 +76,10 @@ def decodes_with_graphs(model: torch.nn.Module) -> bool:
     config = model.config
     if not getattr(model, "_can_compile_fullgraph", False):
         return False
-    # this loop hands the attention a ready 4-D mask: a boolean one (`BOOLEAN_MASK_ATTENTIONS`)
+    # this loop hands the attention a ready 4-D mask: a boolean one (`takes_boolean_mask`)
     # or, to eager attention, an additive one; flash attention takes none
     attention = getattr(config, "_attn_implementation", None)
-    if attention != "eager" and attention not in BOOLEAN_MASK_ATTENTIONS:
+    if attention != "eager" and not takes_boolean_mask(attention):
         return False
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
@@ -119,7 +118,7 @@ class GraphedDecoder:
         self.check_every = check_every
         self.min_batch = min_batch
         # (a model another decoder switched to the grouped-query attention takes it as well)
-        self.boolean_mask = model.config._attn_implementation in BOOLEAN_MASK_ATTENTIONS
+        self.boolean_mask = takes_boolean_mask(model.config._attn_implementation)
         self._cache_keyword = cache_keyword(model)  # ``cache`` from transformers 5.24 on
         # every prefill, step and log-prob inside the plugins' graft_compute (cfg: the root
         # config they read, None outside a run)
@@ -133,7 +132,8 @@ class GraphedDecoder:
         self.batch_sizes: list[int] = []  # the batch sizes the last `generate` decoded at
         self.fuse_kernels = fuse_kernels
         if self.fuse_kernels:  # compiled on the first step (the first graph's warm-up on GPU)
-            compile_decoder_blocks(decoder_blocks or standard_decoder_blocks(model),
+            # by default a standard *ForCausalLM's blocks, ``model.model.layers``
+            compile_decoder_blocks(decoder_blocks or list(model.get_decoder().layers),
                                    options={"emulate_precision_casts": True})
         self._states: dict[tuple[int, int], _DecodeState] = {}
         self._graph_pool = None  # one memory pool for all graphs: they never run at once

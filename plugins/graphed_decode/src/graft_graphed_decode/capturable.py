@@ -4,7 +4,7 @@ transformers' ``eager`` experts loop over the experts the batch hit, which they 
 ``nonzero`` on the host: a capture fails there ("operation not permitted when stream is
 capturing", seen on a GPU with graft-exact's kernels on tiny-qwen3-moe when they used them; they
 now give such models an experts implementation of their own). Such a model's decode step runs
-eagerly (`graft.rollout.graphed_decode.GraphedDecoder` without graphs, as on CPU).
+eagerly (`graft_graphed_decode.decoder.GraphedDecoder` without graphs, as on CPU).
 """
 
 from __future__ import annotations

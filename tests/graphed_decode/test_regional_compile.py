@@ -8,8 +8,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
 from graft.models.family import standard_decoder_blocks
-from graft.rollout import regional_compile
-from graft.rollout.regional_compile import compile_decoder_blocks, compiled_blocks
+from graft_graphed_decode import regional_compile
+from graft_graphed_decode.regional_compile import compile_decoder_blocks, compiled_blocks
 
 
 def tiny_llama() -> torch.nn.Module:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from graft.models.kv_cache import CACHE_KEYWORDS
+from graft.models import CACHE_KEYWORDS
 
 ROUTED = "_graft_regional_compile"  # marks a block whose forward is already routed
 _ENABLED: ContextVar[bool] = ContextVar("graft_compiled_blocks", default=False)
@@ -61,7 +61,7 @@ def compile_decoder_blocks(blocks: Sequence[torch.nn.Module], *,
     left as they are). ``options`` are inductor's (`torch.compile`).
 
     Blocks must hold the KV cache in a ``Cache`` whose ``layers[i]`` is block ``i``'s (the
-    static cache of `graft.rollout.graphed_decode`).
+    static cache of `graft_graphed_decode.decoder`).
     """
     compiled: dict[type, Callable[..., Any]] = {}
     for index, block in enumerate(blocks):

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from graft.rollout import SamplingSpec
-from graft.rollout.graphed_decode import GraphedDecoder, _top_p, decodes_with_graphs
+from graft_graphed_decode.decoder import GraphedDecoder, _top_p, decodes_with_graphs
 
 PAD = 0
 
@@ -91,7 +91,7 @@ def test_the_fused_step_samples_what_the_eager_step_does_as_the_batch_shrinks() 
     """bf16, where fusing without emulate_precision_casts would round differently (on CPU too):
     the compiled step gives the eager step's tokens and log-probs bit for bit, from one
     (dynamic-shape) compiled block graph for every decoder block, batch size and attended
-    length (`graft.rollout.regional_compile`: each block's cache write goes to its own layer)."""
+    length (`graft_graphed_decode.regional_compile`: each block's cache write goes to its own layer)."""
     from torch._dynamo.utils import counters
 
     model = tiny_llama("sdpa", vocab_size=48).to(torch.bfloat16)

@@ -2,9 +2,9 @@
 ``X.experts.<param>`` (shape ``(num_experts, *per_expert_shape)``).
 
 A model stored with fused experts on disk (GPT-OSS) is streamed into an inference engine
-(consumer ``inference``) one expert at a time under those per-expert names, so a consumer that
-knew the fused tensor (a delta snapshot, the shapes an engine started with) must recognise its
-experts under the new names.
+(consumer `graft.export.INFERENCE_LAYOUT`) one expert at a time under those per-expert names,
+so what knew the fused tensor (the delta snapshot, the shapes the engine started with) must
+recognise its experts under the new names.
 """
 
 from __future__ import annotations
