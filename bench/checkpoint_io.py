@@ -28,8 +28,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from graft.checkpoint.manager import OPTIONS, CheckpointManager
 from graft.config import compose
-from graft.engine.distributed import init_distributed
-from graft.engine.micro_batch import TokenSample
+from graft.engine.batch.micro_batch import TokenSample
+from graft.engine.distributed.env import init_distributed
 from graft.training.sft import sft_loss
 from graft.training.trainer import build_engine
 

@@ -210,7 +210,7 @@ def main() -> None:
     device = torch.device("cpu" if args.small else "cuda")
     import transformers
 
-    from graft.engine.distributed import init_distributed
+    from graft.engine.distributed.env import init_distributed
 
     env = init_distributed(device_preference=device.type)
     shapes = gpt_oss.shapes_for(args)

@@ -35,8 +35,8 @@ import transformers
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from graft.config import compose
-from graft.engine.distributed import init_distributed
-from graft.engine.parallelize import parallelize
+from graft.engine.distributed.env import init_distributed
+from graft.engine.distributed.parallelize import parallelize
 from graft.export.bucket import copy_tensors
 from graft.export.gather import local_tensor
 from graft.export.handlers import meta_skeleton

@@ -119,8 +119,8 @@ def graft_engine(shapes: dict[str, Any], tokens: int, device: torch.device, attn
                  ep: int = 1, compile_blocks: bool = False):
     """Graft's engine as ``graft train`` builds it (``engine.ep_size=ep``), one SFT step."""
     from graft.config import compose
-    from graft.engine.distributed import init_distributed
-    from graft.engine.micro_batch import TokenSample
+    from graft.engine.batch.micro_batch import TokenSample
+    from graft.engine.distributed.env import init_distributed
     from graft.engine.phase import SFT
     from graft.training.sft import sft_loss
     from graft.training.trainer import build_engine
@@ -271,7 +271,7 @@ def main() -> None:
     attn = None if args.small else args.attn  # flex attention runs sinks on CUDA only
     import transformers
 
-    from graft.engine.distributed import init_distributed
+    from graft.engine.distributed.env import init_distributed
 
     init_distributed(device_preference=device.type)  # one process group for every variant
     shapes = shapes_for(args)

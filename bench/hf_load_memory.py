@@ -46,9 +46,8 @@ def write_checkpoint(folder: Path) -> float:
 def worker(method: str, hf_dir: str, out: str) -> None:
     """One rank: build the model ``method``'s way, then record this process's peak RSS."""
     from graft.config import compose
-    from graft.engine.distributed import end_torchrun_worker, init_distributed
-    from graft.engine.model_setup import build_parallel_model
-    from graft.engine.parallelize import parallelize
+    from graft.engine.distributed.env import end_torchrun_worker, init_distributed
+    from graft.engine.distributed.parallelize import build_parallel_model, parallelize
     from graft.models.build import build_model, build_skeleton
 
     env = init_distributed(device_preference="cpu")

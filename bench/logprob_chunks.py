@@ -3,14 +3,14 @@ forward + backward) at one length for several ``engine.logprob_chunk_tokens``.
 
 The head of a Llama-3 vocabulary (128,256) on hidden states of width 1024 (fp32, CPU), 4096
 tokens by default; ``0`` is today's path (the whole logits from the head, then
-`graft.engine.logprobs.token_logprobs` / ``token_entropy``). Each setting runs in a fresh process,
+`graft.engine.head.logprobs.token_logprobs` / ``token_entropy``). Each setting runs in a fresh process,
 whose peak resident memory above the inputs (``ru_maxrss``) is what the setting costs.
 
     python bench/logprob_chunks.py --hidden-size 256 --tokens 2048 --steps 1 \
         --chunks 0 256 512 1024 2048 --out bench/results/logprob_chunks_cpu.json
 
 ``--fused`` runs the chunked settings with the loss's gradient taken in the head's forward
-(`graft.engine.fused_head_loss`, ``engine.fuse_loss_into_head``), ``--both`` each setting both
+(`graft.engine.head.fused_loss`, ``engine.fuse_loss_into_head``), ``--both`` each setting both
 ways (each row says which).
 """
 
@@ -31,9 +31,9 @@ def run_one(chunk: int, tokens: int, hidden_size: int, vocab: int, steps: int,
     """One setting in this process: its peak memory above the inputs and its mean step time."""
     import torch
 
-    from graft.engine.chunked_head import chunked_head_logprobs
-    from graft.engine.fused_head_loss import fused_head_loss
-    from graft.engine.logprobs import token_entropy, token_logprobs
+    from graft.engine.head.chunked import chunked_head_logprobs
+    from graft.engine.head.fused_loss import fused_head_loss
+    from graft.engine.head.logprobs import token_entropy, token_logprobs
 
     torch.manual_seed(0)
     head = torch.nn.Linear(hidden_size, vocab, bias=False)

@@ -10,10 +10,10 @@ backward of one sequence with the real loss: the mean log-prob of every position
 Variants, each built from the core's own pieces:
   ``today``          per-block activation checkpointing, the whole logits, ``token_logprobs``
                      (``engine.logprob_chunk_tokens=0``)
-  ``chunked``        + log-probs from the hidden states in chunks (`graft.engine.chunked_head`,
+  ``chunked``        + log-probs from the hidden states in chunks (`graft.engine.head.chunked`,
                      ``--logprob-chunk`` tokens, the default of ``engine.logprob_chunk_tokens``)
   ``fused``          chunked, the loss's gradient taken in the head's forward
-                     (`graft.engine.fused_head_loss`, ``engine.fuse_loss_into_head``, the default:
+                     (`graft.engine.head.fused_loss`, ``engine.fuse_loss_into_head``, the default:
                      no logits recomputed in backward); ``fused+...`` with the pieces below
   ``chunked+offload``   + graft-offload on the 32 blocks (its defaults; skipped when the
                      plugin is not installed)
@@ -57,7 +57,6 @@ import time
 import traceback
 
 import torch
-
 from long_context_memory import PhasePeaks, fit_line
 from long_context_timing import compare_times, interleaved_times, step_seconds
 
@@ -117,7 +116,11 @@ class Layout:
         patched = [(block, GROUP_ATTRIBUTE) for block in self.blocks]
         if self.memory_available():
             from graft_activation_memory.recomputed_norms import (
-                RECOMPUTED_ATTRIBUTE, apply_recomputed_norms, block_norms, final_norm)
+                RECOMPUTED_ATTRIBUTE,
+                apply_recomputed_norms,
+                block_norms,
+                final_norm,
+            )
             from graft_activation_memory.tiled_mlp import TILED_ATTRIBUTE, apply_tiled_mlp
 
             patched += [(block.mlp, TILED_ATTRIBUTE) for block in self.blocks]
@@ -165,10 +168,10 @@ def loss_of(model: torch.nn.Module, ids: torch.Tensor, variant: str,
             logprob_chunk: int) -> torch.Tensor:
     """Minus the mean log-prob of every position's label (the next token; the last position's
     label wraps to the first token, so every position has one)."""
-    from graft.engine.chunked_head import chunked_head_logprobs
     from graft.engine.forward import head_inputs, head_parameters
-    from graft.engine.fused_head_loss import fused_head_loss
-    from graft.engine.logprobs import token_logprobs
+    from graft.engine.head.chunked import chunked_head_logprobs
+    from graft.engine.head.fused_loss import fused_head_loss
+    from graft.engine.head.logprobs import token_logprobs
 
     labels = ids.roll(-1, dims=1)
     if variant == "today":

@@ -22,9 +22,9 @@ import torch._functorch.config
 import torch._inductor.config
 
 from graft.config import compose
-from graft.engine.distributed import init_distributed
-from graft.engine.micro_batch import TokenSample
-from graft.engine.parallelize import apply_compile
+from graft.engine.batch.micro_batch import TokenSample
+from graft.engine.distributed.env import init_distributed
+from graft.engine.distributed.parallelize import apply_compile
 from graft.training.sft import sft_loss
 from graft.training.trainer import build_engine
 

@@ -121,8 +121,8 @@ def fp8_gemm_rows(x: torch.Tensor, w: torch.Tensor, fused, run: dict) -> dict:
 def step_row(name: str, shapes: dict, tokens: int, device: torch.device, args) -> dict:
     """Part 2: one variant's training step through Graft's engine."""
     from graft.config import compose
-    from graft.engine.distributed import init_distributed
-    from graft.engine.micro_batch import TokenSample
+    from graft.engine.batch.micro_batch import TokenSample
+    from graft.engine.distributed.env import init_distributed
     from graft.training.sft import sft_loss
     from graft.training.trainer import build_engine
     from graft_deepseek_v4.weights import live_policies, step_metrics
@@ -181,7 +181,7 @@ def main() -> None:
     device = torch.device("cpu" if args.small else "cuda")
     if args.small:
         args.warmup, args.steps = 1, 2
-    from graft.engine.distributed import init_distributed
+    from graft.engine.distributed.env import init_distributed
 
     init_distributed(device_preference=device.type)  # one process group for every variant
     m, k, n = (256, 256, 256) if args.small else map(int, args.gemm.split(","))

@@ -45,7 +45,7 @@ import torch
 from timing import sync
 
 from graft.config import compose
-from graft.engine.micro_batch import TokenSample
+from graft.engine.batch.micro_batch import TokenSample
 from graft.training.sft import sft_loss
 from graft.training.trainer import Trainer
 

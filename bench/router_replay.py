@@ -35,8 +35,8 @@ import torch
 from timing import timed
 
 from graft.config import compose
-from graft.engine.distributed import init_distributed, shutdown_distributed
-from graft.engine.micro_batch import TokenSample, build_micro_batch
+from graft.engine.batch.micro_batch import TokenSample, build_micro_batch
+from graft.engine.distributed.env import init_distributed, shutdown_distributed
 from graft.plugins import get_plugin_manager
 from graft.training.sft import sft_loss
 from graft.training.trainer import Trainer, build_engine

@@ -77,8 +77,8 @@ def graft_engine(shapes: dict, tokens: int, checkpointing: bool, compile_blocks:
                  device: torch.device):
     """Graft's own engine, exactly as `graft train` builds it."""
     from graft.config import compose
-    from graft.engine.distributed import init_distributed
-    from graft.engine.micro_batch import TokenSample
+    from graft.engine.batch.micro_batch import TokenSample
+    from graft.engine.distributed.env import init_distributed
     from graft.training.sft import sft_loss
     from graft.training.trainer import build_engine
 
@@ -104,7 +104,7 @@ def graft_engine(shapes: dict, tokens: int, checkpointing: bool, compile_blocks:
 
 def check_fused_logprobs(device: torch.device) -> dict:
     """The fused (compiled) log-prob kernels against a float64 reference, fresh random inputs."""
-    from graft.engine.logprobs import token_logprobs
+    from graft.engine.head.logprobs import token_logprobs
 
     logits = torch.randn(2048, 128256, device=device, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, 128256, (2048,), device=device)
@@ -150,7 +150,7 @@ def main() -> None:
     device = torch.device("cpu" if args.tiny else "cuda")
     shapes = SHAPES_TINY if args.tiny else SHAPES_8B
     tokens = 256 if args.tiny else args.tokens
-    from graft.engine.distributed import init_distributed
+    from graft.engine.distributed.env import init_distributed
 
     init_distributed(device_preference=device.type)  # one process group for every variant
     checks = check_fused_logprobs(device) if device.type == "cuda" else {}

@@ -38,8 +38,8 @@ ENV_KEYS = ("GRAFT_PLUGINS", "GRAFT_DISABLE_PLUGINS", "GRAFT_TRACE_PLUGINS", "GR
 # tested transformers (README command 2, with vLLM) as well as on the newest (command 3, with
 # everything else). tests/test_repository.py checks that each file exists.
 TRANSFORMERS_VERSIONS = (
-    "tests/core/engine/test_activation_checkpointing.py",
-    "tests/core/engine/test_dtype_units.py",
+    "tests/core/engine/distributed/test_activation_checkpointing.py",
+    "tests/core/engine/distributed/test_dtype_units.py",
     "tests/core/models/test_kv_cache.py",
     "tests/core/training/test_reference_metrics.py",
     "tests/deepseek_v4/test_model_path.py",

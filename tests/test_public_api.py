@@ -2,7 +2,7 @@
 
 Public, precisely: a name listed in the literal ``__all__`` of ``graft`` itself or of a module
 one level below it (a package ``graft/<x>/__init__.py`` or a module ``graft/<x>.py``). Any deeper
-module path (``graft.engine.parallelize``) is the core's own and may change without notice. The
+module path (``graft.engine.distributed.parallelize``) is the core's own and may change without notice. The
 check parses (AST) the sources of every plugin built as a third party would build one: this
 repository's ``plugins/*/src``, the test plugins under ``tests/plugins`` and the documented
 example plugin.
@@ -156,7 +156,7 @@ def test_the_scan_sees_every_plugin() -> None:
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("from graft.engine.parallelize import apply_fsdp", [("graft.engine.parallelize",
+    ("from graft.engine.distributed.parallelize import apply_fsdp", [("graft.engine.distributed.parallelize",
                                                           "apply_fsdp")]),
     ("from graft.engine import apply_fsdp, _MODULE_OF", [("graft.engine", "_MODULE_OF")]),
     ("from graft import errors", [("graft", "errors")]),

@@ -65,7 +65,8 @@ def validation_settings(args: argparse.Namespace, run_dir: str) -> list[str]:
 def run(args: argparse.Namespace, every: int) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory(dir=args.tmp) as run_dir:
-        cfg = compose([*validation_settings(args, run_dir),f"trainer.run_dir={run_dir}", f"trainer.total_steps={args.steps}",
+        cfg = compose([*validation_settings(args, run_dir), f"trainer.run_dir={run_dir}",
+                       f"trainer.total_steps={args.steps}",
                        "model.preset=tiny-qwen3-moe", "engine.device=cuda",
                        f"rollout.prompts_per_step={args.prompts}", f"rollout.n={args.n}",
                        f"rollout.max_new_tokens={args.max_new_tokens}", "optim.lr=1e-6",

@@ -1,4 +1,4 @@
-"""GPU check of the chunked heads' linear-head gradients (`graft.engine.head_grads`, #26).
+"""GPU check of the chunked heads' linear-head gradients (`graft.engine.head.grads`, #26).
 
 A bias-free bf16 ``nn.Linear`` head on CUDA takes `chunk_head_grads`' two products, the
 weight's gradient summed by ``addmm`` into fp32; any other head goes through autograd (the
@@ -10,7 +10,7 @@ same head wrapped in a function takes that path here). For the chunked log-probs
    errors, and the log-probs of both paths bit-equal.
 2. ``timing``: forward + backward of the head alone at Llama-8B's head (4096 x 128,256) and
    32K tokens in 4096-token chunks, median of 5 after a warm-up, each path.
-3. ``kernels``: the Triton log-prob kernels (`graft.engine.triton_logprobs`) against the same
+3. ``kernels``: the Triton log-prob kernels (`graft.engine.head.triton_logprobs`) against the same
    math compiled by ``torch.compile`` (dynamic shapes, what they replace) on one 4096-token
    chunk of a 128,256 vocabulary in bf16: largest differences and median milliseconds.
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import torch
 
-from graft.engine.chunked_head import chunked_head_logprobs
-from graft.engine.fused_head_loss import fused_head_loss
-from graft.engine.head_grads import linear_head_weight
+from graft.engine.head.chunked import chunked_head_logprobs
+from graft.engine.head.fused_loss import fused_head_loss
+from graft.engine.head.grads import linear_head_weight
 
 
 def relative(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -121,8 +121,8 @@ def median_ms(fn, device: torch.device, repeats: int = 10) -> float:
 
 
 def kernels(device: torch.device) -> dict[str, Any]:
-    from graft.engine.logprobs import _backward_math, _forward_math
-    from graft.engine.triton_logprobs import triton_backward, triton_forward
+    from graft.engine.head.logprobs import _backward_math, _forward_math
+    from graft.engine.head.triton_logprobs import triton_backward, triton_forward
 
     torch.manual_seed(0)
     tokens, vocab = 4096, 128256

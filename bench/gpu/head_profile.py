@@ -1,6 +1,6 @@
 """Where the head's time goes: forward + backward of the loss through Llama-8B's head (4096 x
 128,256, bf16) at 32K tokens, under torch.profiler, for the fused head
-(`graft.engine.fused_head_loss`, 4096-token chunks) and Liger-Kernel's
+(`graft.engine.head.fused_loss`, 4096-token chunks) and Liger-Kernel's
 ``LigerFusedLinearCrossEntropyLoss`` (when importable): wall time (median of 5) and the
 kernels by total time.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from graft.engine.fused_head_loss import fused_head_loss
+from graft.engine.head.fused_loss import fused_head_loss
 
 
 def fused_step(head: torch.nn.Linear, hidden: torch.Tensor, labels: torch.Tensor,

@@ -42,7 +42,6 @@ import json  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-from contextlib import nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -131,8 +130,8 @@ def run(hf_dir: Path, *, offload: bool, compiled: bool, lengths: list[int], buck
     """SFT steps of Graft's engine on the model at ``hf_dir``, two samples of ``lengths[i]``
     tokens in step ``i``; losses, gradients and the offload's records."""
     from graft.config import compose
-    from graft.engine.distributed import init_distributed
-    from graft.engine.micro_batch import TokenSample
+    from graft.engine.batch.micro_batch import TokenSample
+    from graft.engine.distributed.env import init_distributed
     from graft.engine.phase import SFT
     from graft.plugins import get_plugin_manager
     from graft.training.sft import sft_loss
@@ -319,7 +318,7 @@ def main() -> None:
               "checks": rows}
     print_table(rows)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    from graft.engine.distributed import shutdown_distributed
+    from graft.engine.distributed.env import shutdown_distributed
 
     shutdown_distributed()
 

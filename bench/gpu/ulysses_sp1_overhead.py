@@ -34,8 +34,8 @@ def run_leg(args: argparse.Namespace) -> dict:
     import torch
 
     from graft.config import compose
-    from graft.engine.distributed import init_distributed
-    from graft.engine.micro_batch import TokenSample
+    from graft.engine.batch.micro_batch import TokenSample
+    from graft.engine.distributed.env import init_distributed
     from graft.plugins import get_plugin_manager
     from graft.training.sft import sft_loss
     from graft.training.trainer import build_engine

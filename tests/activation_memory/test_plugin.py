@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import graft
-from graft.engine.distributed import init_distributed
+from graft.engine.batch.micro_batch import TokenSample, build_micro_batch
+from graft.engine.distributed.env import init_distributed
+from graft.engine.distributed.parallelize import parallelize
 from graft.engine.forward import forward_fused_loss, forward_logprobs
-from graft.engine.micro_batch import TokenSample, build_micro_batch
-from graft.engine.parallelize import parallelize
-from graft.engine.token_loss import chunk_token_loss, token_weights
+from graft.engine.head.token_loss import chunk_token_loss, token_weights
 from graft.errors import ConfigError
 from graft.models.build import build_model
 from graft.testing import AggregationContext, check_config_section, check_installed_plugin

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from graft.config import compose
-from graft.engine.distributed import init_distributed
-from graft.engine.parallelize import parallelize
+from graft.engine.distributed.env import init_distributed
+from graft.engine.distributed.parallelize import parallelize
 from graft.models.build import build_model
 from graft.models.registry import model_families
 from graft.testing.families import parallelized_step as step

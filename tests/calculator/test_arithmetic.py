@@ -5,7 +5,6 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
-
 from graft_calculator import NotArithmetic, evaluate
 from graft_calculator.arithmetic import render
 

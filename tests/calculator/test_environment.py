@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from graft_calculator import CalculatorEnvironment, calculator_reward
+from graft_calculator.reward import final_answer
 
 from graft.data.tasks import TextSample
 from graft.rollout import Environment, MalformedAction
-from graft_calculator import CalculatorEnvironment, calculator_reward
-from graft_calculator.reward import final_answer
 
 
 def test_a_call_is_answered_and_a_turn_without_one_is_the_answer() -> None:

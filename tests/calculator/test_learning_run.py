@@ -10,7 +10,6 @@ from pathlib import Path
 from statistics import mean
 
 import pytest
-
 from graft_calculator import write_problems
 
 STEPS = 200

@@ -4,6 +4,7 @@ environment selectable by name, its reward picked by data_source."""
 from __future__ import annotations
 
 import pytest
+from graft_calculator import DATA_SOURCE, CalculatorConfig, CalculatorEnvironment, calculator_reward
 
 from graft.config import compose
 from graft.data.tasks import TextSample
@@ -11,7 +12,6 @@ from graft.errors import ConfigError
 from graft.rl.rewards import RewardChooser
 from graft.rollout.registry import environments
 from graft.testing import check_config_section, check_installed_plugin
-from graft_calculator import DATA_SOURCE, CalculatorConfig, CalculatorEnvironment, calculator_reward
 
 
 def test_the_installed_plugin_passes_graft_testing() -> None:

@@ -16,7 +16,7 @@ import torch
 from graft import hookimpl
 from graft.config import ModelConfig, compose
 from graft.data.tokenizer import load_tokenizer
-from graft.engine.distributed import shutdown_distributed
+from graft.engine.distributed.env import shutdown_distributed
 from graft.models import build_model
 from graft.training.trainer import Trainer
 from graft_offload.patching import routed_offloader

@@ -43,7 +43,7 @@ def test_removing_the_offload_restores_the_classes(build_llama, offload) -> None
 def test_fsdp2_class_swap_keeps_the_routing(build_llama, offload) -> None:
     from torch.distributed.fsdp import fully_shard
 
-    from graft.engine.distributed import init_distributed
+    from graft.engine.distributed.env import init_distributed
 
     env = init_distributed(device_preference="cpu")
     model = build_llama()

@@ -10,7 +10,7 @@ import torch
 
 import graft
 from graft import hookimpl
-from graft.engine.distributed import shutdown_distributed
+from graft.engine.distributed.env import shutdown_distributed
 from graft.errors import ConfigError
 from graft.testing import check_installed_plugin
 from graft_offload.patching import routed_offloader

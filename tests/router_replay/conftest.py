@@ -13,7 +13,7 @@ import torch
 
 import graft_router_replay.plugin as plugin
 from graft.config import compose
-from graft.engine.micro_batch import MicroBatch, TokenSample, build_micro_batch
+from graft.engine.batch.micro_batch import MicroBatch, TokenSample, build_micro_batch
 from graft.models import build_model
 from graft.training.trainer import Trainer
 

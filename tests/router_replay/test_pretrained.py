@@ -86,8 +86,8 @@ def test_r2_with_experts_split_over_two_ranks_replays_the_recorded_experts(
 def test_exact_logits_on_a_local_checkpoint_route_as_the_rollout_did(fit, hf_dir: Path,
                                                                      tmp_path: Path) -> None:
     """graft-exact (features.exact.enabled) with R3 on a model loaded from its directory (two
-    features together on the meta-build, shard and fill path): the rollout's log-probs are the trainer's bit for bit on
-    every step (without exact they differ by 5e-8 to 1.5e-7 here), and the trainer's routers
+    features together on the meta-build, shard and fill path): the rollout's log-probs are the
+    trainer's bit for bit on every step (without exact they differ by 5e-8 to 1.5e-7 here), and the trainer's routers
     choose what the rollout recorded (one on-policy pass; on CPU that holds without exact too,
     the differences being far below a routing tie)."""
     rows = fit(tmp_path, f"model.path={hf_dir}", *RL[:3], "engine.max_tokens_per_micro_batch=48",

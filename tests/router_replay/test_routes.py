@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graft.engine.micro_batch import PackedLayout, Segment
+from graft.engine.batch.micro_batch import PackedLayout, Segment
 from graft_router_replay.routes import (
     RouteError,
     bytes_per_token,

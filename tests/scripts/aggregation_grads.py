@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 
 from graft.config import compose
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
-from graft.engine.micro_batch import build_micro_batch
+from graft.engine.batch.micro_batch import build_micro_batch
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.testing.invariance import fixed_token_samples, rank_groups, save_gradients_per_mode
 from graft.training.sft import sft_loss
 from graft.training.trainer import build_engine

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import graft
 from graft import hookimpl
-from graft.engine.distributed import end_torchrun_worker
+from graft.engine.distributed.env import end_torchrun_worker
 from graft.testing import registered_plugin
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from graft.config import compose
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
-from graft.engine.parallelize import parallelize
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
+from graft.engine.distributed.parallelize import parallelize
 from graft.export.sinks.base import StateDictSink
 from graft.export.stream import WeightExporter, hf_tensors
 from graft.models.build import build_model

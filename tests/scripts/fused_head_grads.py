@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from graft.config import compose
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
-from graft.engine.micro_batch import build_micro_batch
+from graft.engine.batch.micro_batch import build_micro_batch
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.losses import BUILTIN_AGG_MODES
 from graft.rl.job import rl_loss
 from graft.testing.invariance import fixed_token_samples, rank_groups

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
-from graft.engine.grad_norm import clip_grad_norm
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
+from graft.engine.distributed.grad_norm import clip_grad_norm
 
 
 def parameter(full: torch.Tensor, mesh, placements) -> torch.nn.Parameter:

@@ -15,8 +15,8 @@ import sys
 import torch
 
 from graft.config import compose
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
-from graft.engine.micro_batch import build_micro_batch
+from graft.engine.batch.micro_batch import build_micro_batch
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.engine.phase import OLD_LOGPROBS
 from graft.rl.job import rl_loss
 from graft.testing.invariance import fixed_token_samples, rank_groups, save_gradients_per_mode

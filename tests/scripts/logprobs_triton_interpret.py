@@ -1,5 +1,5 @@
-"""The CUDA log-prob kernels (`graft.engine.triton_logprobs`) run by Triton's interpreter on CPU
-tensors: the log-probs, ``logsumexp`` and logits' gradient equal to `graft.engine.logprobs`'
+"""The CUDA log-prob kernels (`graft.engine.head.triton_logprobs`) run by Triton's interpreter on CPU
+tensors: the log-probs, ``logsumexp`` and logits' gradient equal to `graft.engine.head.logprobs`'
 eager math within fp32 rounding, for a vocabulary of several blocks and a ragged last one,
 per-token temperatures, labels at both ends of the vocabulary, fp32 and bf16 logits, and rows
 with a stride; a row's forward the same bits alone as among others; a label outside the
@@ -16,8 +16,8 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
-from graft.engine.logprobs import _backward_math, _forward_math  # noqa: E402
-from graft.engine.triton_logprobs import BLOCK, triton_backward, triton_forward  # noqa: E402
+from graft.engine.head.logprobs import _backward_math, _forward_math  # noqa: E402
+from graft.engine.head.triton_logprobs import BLOCK, triton_backward, triton_forward  # noqa: E402
 
 
 def check(dtype: torch.dtype, vocab: int) -> None:

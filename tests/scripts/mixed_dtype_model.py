@@ -18,8 +18,8 @@ import torch
 
 from graft import hookimpl
 from graft.config import compose
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
-from graft.engine.model_setup import build_parallel_model
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
+from graft.engine.distributed.parallelize import build_parallel_model
 from graft.export.stream import hf_tensors
 from graft.plugins import get_plugin_manager
 

@@ -22,7 +22,7 @@ _LAZY = {
     "Trainer": "graft.training.trainer",
     "TrainingJob": "graft.training.job",
     "build_model": "graft.models.build",
-    "parallelize": "graft.engine.parallelize",
+    "parallelize": "graft.engine.distributed.parallelize",
     "compose": "graft.config.compose",
 }
 

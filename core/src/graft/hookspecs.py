@@ -35,7 +35,9 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 # --------------------------------------------------------------------------------------------
-# Registration: called once per process, right after the plugins are loaded.
+# Registration: what a plugin declares (config sections and rules, settings, model families,
+# trainer modes, and the named things of each registry). Called when the config is composed
+# and when a run starts, never per step; no hook here mutates anything.
 # --------------------------------------------------------------------------------------------
 
 
@@ -165,6 +167,95 @@ def graft_preflight(cfg: Any) -> None:
     """
 
 
+@hookspec
+def graft_reward_functions() -> dict[str, Any]:
+    """Declare reward functions, selectable with ``algorithm.reward=<name>``.
+
+    When: once per process, when the config is validated and when an RL run starts. Who:
+    plugins adding a reward (a verifier, a reward model call); every rank.
+
+    Return ``{name: fn}`` or ``{name: graft.rl.RewardFunction(fn, data_sources=..., pool=...)}``
+    (the ``data_source`` values ``algorithm.reward=auto`` scores with it; threads or worker
+    processes). ``fn`` is called with keyword arguments and gets those it declares of
+    ``response`` (the decoded response, without special tokens), ``sample`` (the
+    sample it answers: ``prompt``, ``answer``, ``data_source``,
+    ``extra_info``, ``origin``) and ``cfg`` (the root config); it returns a number. It runs in
+    a pool of ``algorithm.reward_workers`` threads or processes, each sample within
+    ``algorithm.reward_timeout_s``. A function needing any other argument is refused when the
+    plugin registers. Two providers of one name is an error. Must not mutate anything.
+    Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_advantage_estimators() -> dict[str, Any]:
+    """Declare advantage estimators, selectable with ``algorithm.advantage=<name>``.
+
+    When: once per process, when the config is validated and when an RL run starts. Who:
+    plugins adding an estimator; every rank.
+
+    Return ``{name: estimator}``: a `graft.rl.AdvantageEstimator` (its ``compute``
+    and the smallest ``rollout.n`` it works with) or a plain function.
+    ``compute(*, rewards, group_size, cfg)`` (keyword arguments; any subset) gets this rank's
+    rewards ``(N,)`` float64, consecutive groups of ``group_size`` samples of one prompt, and the
+    root config, and returns one advantage per sample ``(N,)``. The core provides ``grpo`` and
+    ``rloo``; two providers of one name is an error. Must not mutate anything.
+    Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_rollout_engines() -> dict[str, Any]:
+    """Declare rollout engines, selectable with ``rollout.engine=<name>``.
+
+    When: once per process, when the config is validated and when an RL run starts. Who:
+    plugins adding a generator (an inference server client, SGLang...); every rank.
+
+    Return ``{name: factory}``; ``factory(*, cfg, engine, env, run_dir, tokenizer)`` (any subset)
+    builds a `graft.rollout.RolloutEngine` from the root config, the trainer's engine (its
+    ``model``, ``compute_dtype``, ``family``), the `graft.engine.DistEnv`, the run directory and
+    the tokenizer. The core provides ``embedded`` (graft-vllm adds ``vllm``); two
+    providers of one name is an error. Must not mutate anything. Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_environments() -> dict[str, Any]:
+    """Declare multi-turn tool environments, selectable with ``rollout.environment=<name>``; every rank.
+    When: config validation, an RL run's start. Return ``{name: factory}``; ``factory(*, cfg, tokenizer)``
+    builds a `graft.rollout.Environment` per episode. Must not mutate anything. Not ``firstresult``."""
+
+
+@hookspec
+def graft_policy_losses() -> dict[str, Any]:
+    """Declare per-token policy losses, selectable with ``loss.policy_loss=<name>``.
+
+    When: once per process, when the config is validated and when the trainer starts. Who:
+    plugins adding an RL objective (CISPO, GMPO...); every rank.
+
+    Return ``{name: function}``; each function is called with keyword arguments
+    ``fn(logp=, old_logp=, advantages=, mask=, cfg=, root_cfg=, tensors=)`` and receives only
+    the ones it declares (older losses keep working): ``(num_sequences, max_len)`` fp32 tensors,
+    ``cfg`` = ``cfg.loss``, ``root_cfg`` the whole config (a plugin's own section is
+    ``root_cfg.features.<name>``), ``tensors`` every per-token tensor of the micro-batch in that
+    shape (``rollout_logprobs``, ``old_logprobs``, plugin extras...). It returns
+    ``(loss_mat, metrics)``: the per-token loss of the same shape and a dict of per-token
+    metric tensors (averaged over the mask). The result is then reduced by
+    ``graft_loss_aggregate`` with ``loss.loss_agg_mode``. Two plugins (or a plugin and the core)
+    declaring one name is an error. Must not mutate anything. Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_loss_agg_modes() -> list[str]:
+    """Declare the ``loss.loss_agg_mode`` names this plugin's ``graft_loss_aggregate`` handles.
+
+    When: once per process, when the config is validated. Who: plugins that implement a mode in
+    ``graft_loss_aggregate``; every rank. Return a list of mode names; config validation accepts
+    them next to the built-in modes. Must not mutate anything. Not ``firstresult``.
+    """
+
+
 # --------------------------------------------------------------------------------------------
 # Model build: after the bare model exists, before it is sharded.
 # --------------------------------------------------------------------------------------------
@@ -274,65 +365,6 @@ def graft_compute(step: str, phase: str, model: torch.nn.Module, cfg: Any) -> An
 # --------------------------------------------------------------------------------------------
 # Rollout (RL): generation, and what plugins record during it.
 # --------------------------------------------------------------------------------------------
-
-
-@hookspec
-def graft_reward_functions() -> dict[str, Any]:
-    """Declare reward functions, selectable with ``algorithm.reward=<name>``.
-
-    When: once per process, when the config is validated and when an RL run starts. Who:
-    plugins adding a reward (a verifier, a reward model call); every rank.
-
-    Return ``{name: fn}`` or ``{name: graft.rl.RewardFunction(fn, data_sources=..., pool=...)}``
-    (the ``data_source`` values ``algorithm.reward=auto`` scores with it; threads or worker
-    processes). ``fn`` is called with keyword arguments and gets those it declares of
-    ``response`` (the decoded response, without special tokens), ``sample`` (the
-    sample it answers: ``prompt``, ``answer``, ``data_source``,
-    ``extra_info``, ``origin``) and ``cfg`` (the root config); it returns a number. It runs in
-    a pool of ``algorithm.reward_workers`` threads or processes, each sample within
-    ``algorithm.reward_timeout_s``. A function needing any other argument is refused when the
-    plugin registers. Two providers of one name is an error. Must not mutate anything.
-    Not ``firstresult``.
-    """
-
-
-@hookspec
-def graft_advantage_estimators() -> dict[str, Any]:
-    """Declare advantage estimators, selectable with ``algorithm.advantage=<name>``.
-
-    When: once per process, when the config is validated and when an RL run starts. Who:
-    plugins adding an estimator; every rank.
-
-    Return ``{name: estimator}``: a `graft.rl.AdvantageEstimator` (its ``compute``
-    and the smallest ``rollout.n`` it works with) or a plain function.
-    ``compute(*, rewards, group_size, cfg)`` (keyword arguments; any subset) gets this rank's
-    rewards ``(N,)`` float64, consecutive groups of ``group_size`` samples of one prompt, and the
-    root config, and returns one advantage per sample ``(N,)``. The core provides ``grpo`` and
-    ``rloo``; two providers of one name is an error. Must not mutate anything.
-    Not ``firstresult``.
-    """
-
-
-@hookspec
-def graft_rollout_engines() -> dict[str, Any]:
-    """Declare rollout engines, selectable with ``rollout.engine=<name>``.
-
-    When: once per process, when the config is validated and when an RL run starts. Who:
-    plugins adding a generator (an inference server client, SGLang...); every rank.
-
-    Return ``{name: factory}``; ``factory(*, cfg, engine, env, run_dir, tokenizer)`` (any subset)
-    builds a `graft.rollout.RolloutEngine` from the root config, the trainer's engine (its
-    ``model``, ``compute_dtype``, ``family``), the `graft.engine.DistEnv`, the run directory and
-    the tokenizer. The core provides ``embedded`` (graft-vllm adds ``vllm``); two
-    providers of one name is an error. Must not mutate anything. Not ``firstresult``.
-    """
-
-
-@hookspec
-def graft_environments() -> dict[str, Any]:
-    """Declare multi-turn tool environments, selectable with ``rollout.environment=<name>``; every rank.
-    When: config validation, an RL run's start. Return ``{name: factory}``; ``factory(*, cfg, tokenizer)``
-    builds a `graft.rollout.Environment` per episode. Must not mutate anything. Not ``firstresult``."""
 
 
 @hookspec
@@ -452,36 +484,6 @@ def graft_step_end(step: int, metrics: dict[str, float]) -> None:
 # --------------------------------------------------------------------------------------------
 # Loss: aggregation of the per-token loss matrix into a scalar.
 # --------------------------------------------------------------------------------------------
-
-
-@hookspec
-def graft_policy_losses() -> dict[str, Any]:
-    """Declare per-token policy losses, selectable with ``loss.policy_loss=<name>``.
-
-    When: once per process, when the config is validated and when the trainer starts. Who:
-    plugins adding an RL objective (CISPO, GMPO...); every rank.
-
-    Return ``{name: function}``; each function is called with keyword arguments
-    ``fn(logp=, old_logp=, advantages=, mask=, cfg=, root_cfg=, tensors=)`` and receives only
-    the ones it declares (older losses keep working): ``(num_sequences, max_len)`` fp32 tensors,
-    ``cfg`` = ``cfg.loss``, ``root_cfg`` the whole config (a plugin's own section is
-    ``root_cfg.features.<name>``), ``tensors`` every per-token tensor of the micro-batch in that
-    shape (``rollout_logprobs``, ``old_logprobs``, plugin extras...). It returns
-    ``(loss_mat, metrics)``: the per-token loss of the same shape and a dict of per-token
-    metric tensors (averaged over the mask). The result is then reduced by
-    ``graft_loss_aggregate`` with ``loss.loss_agg_mode``. Two plugins (or a plugin and the core)
-    declaring one name is an error. Must not mutate anything. Not ``firstresult``.
-    """
-
-
-@hookspec
-def graft_loss_agg_modes() -> list[str]:
-    """Declare the ``loss.loss_agg_mode`` names this plugin's ``graft_loss_aggregate`` handles.
-
-    When: once per process, when the config is validated. Who: plugins that implement a mode in
-    ``graft_loss_aggregate``; every rank. Return a list of mode names; config validation accepts
-    them next to the built-in modes. Must not mutate anything. Not ``firstresult``.
-    """
 
 
 @hookspec(firstresult=True)

@@ -20,6 +20,7 @@ from graft.config import compose
 from graft.errors import CheckpointError
 from graft.training.trainer import Trainer
 
+
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     """``mount(size)``: a fresh tmpfs of ``size`` (``4m``); skips where this process may not

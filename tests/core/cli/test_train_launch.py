@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from graft.engine.launch import report_failed_ranks
+from graft.engine.distributed.launch import report_failed_ranks
 
 SFT = ("trainer.mode=sft", "model.preset=tiny-llama")
 

@@ -14,7 +14,7 @@ import graft
 from graft.config import DataConfig
 from graft.data.dataset import load_text_samples, tokenize_sft
 from graft.data.tokenizer import builtin_tokenizer
-from graft.engine.micro_batch import TokenSample, build_micro_batch
+from graft.engine.batch.micro_batch import TokenSample, build_micro_batch
 from graft.errors import DataError
 
 # The built-in character tokenizer: <bos> 1, <eos> 2, then one id per character (ord - 28).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from graft.config import ModelConfig
-from graft.engine.micro_batch import layout_rows
+from graft.engine.batch.micro_batch import layout_rows
 from graft.models import build_model
 from graft.testing.families import check_packing
 

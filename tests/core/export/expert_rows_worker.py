@@ -1,5 +1,5 @@
 """Worker for test_expert_rows.py: a tiny Qwen3-MoE whose experts are split over ``ep`` with
-`graft.engine.expert_parallel` (no model plugin), exported with a handler that keeps the experts
+`graft.engine.distributed.expert_parallel` (no model plugin), exported with a handler that keeps the experts
 fused (renamed ``experts.fused_<param>``): the core streams each ep rank's block as rows of the
 fused HF tensor. Run under ``torchrun --nproc-per-node N expert_rows_worker.py OUT_DIR EP``.
 
@@ -20,9 +20,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from graft import hookimpl
 from graft.config import compose
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
-from graft.engine.expert_parallel import apply_expert_parallel
-from graft.engine.parallelize import apply_fsdp
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
+from graft.engine.distributed.expert_parallel import apply_expert_parallel
+from graft.engine.distributed.parallelize import apply_fsdp
 from graft.export import RowBlock
 from graft.export.sinks.base import StateDictSink
 from graft.export.sinks.hf_dir import HFDirectorySink

@@ -1,6 +1,6 @@
 """Expert-parallel fused tensors stream as row blocks (one ep rank's block at a time) that sinks
 assemble, or that an exporter's filter sends on their own: a tiny Qwen3-MoE split over ep with
-`graft.engine.expert_parallel` and a handler that keeps its experts fused
+`graft.engine.distributed.expert_parallel` and a handler that keeps its experts fused
 (`expert_rows_worker.py`, gloo ranks; no model plugin)."""
 
 from __future__ import annotations

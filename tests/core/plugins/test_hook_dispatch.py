@@ -15,7 +15,7 @@ import torch
 from graft.checkpoint import LoadContext
 from graft.config import ModelConfig
 from graft.engine import SequenceShard
-from graft.engine.micro_batch import layout_rows
+from graft.engine.batch.micro_batch import layout_rows
 from graft.export.context import ExportContext
 from graft.models import build_model
 from graft.plugins import GraftPluginManager

@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft_deepseek_v4.quant import fp4_groupwise, fp8_blockwise
 from graft_deepseek_v4.weights import (
     QuantizedWeight,

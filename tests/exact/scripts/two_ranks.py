@@ -13,7 +13,7 @@ import os
 import sys
 
 import graft
-from graft.engine.distributed import end_torchrun_worker
+from graft.engine.distributed.env import end_torchrun_worker
 
 
 def main(run_dir: str, decode: str = "static") -> None:

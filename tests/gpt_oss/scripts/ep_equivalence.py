@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from graft.config import compose
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
-from graft.engine.micro_batch import TokenSample
+from graft.engine.batch.micro_batch import TokenSample
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.engine.phase import SFT
 from graft.export import INFERENCE_LAYOUT
 from graft.export.gather import local_tensor

@@ -24,8 +24,8 @@ import torch
 
 from graft.config import compose
 from graft.data.tokenizer import load_tokenizer
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
-from graft.engine.micro_batch import TokenSample
+from graft.engine.batch.micro_batch import TokenSample
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.engine.phase import OLD_LOGPROBS, SFT
 from graft.export.gather import local_tensor
 from graft.export.hf import hf_directory_sink

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from graft.config import compose
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.training.trainer import Trainer
 from graft_offload.runtime import use_copy_backend
 from graft_offload.standin import DeferredCopyBackend

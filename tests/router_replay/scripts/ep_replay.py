@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from graft.config import compose
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
-from graft.engine.micro_batch import TokenSample, build_micro_batch
+from graft.engine.batch.micro_batch import TokenSample, build_micro_batch
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.plugins import get_plugin_manager
 from graft.training.sft import sft_loss
 from graft.training.trainer import build_engine

@@ -18,13 +18,13 @@ import torch
 import torch.distributed as dist
 
 from graft.config import compose
-from graft.engine.distributed import (
+from graft.engine.batch.micro_batch import TokenSample
+from graft.engine.distributed.env import (
     all_reduce,
     end_torchrun_worker,
     init_distributed,
     shutdown_distributed,
 )
-from graft.engine.micro_batch import TokenSample
 from graft.training.sft import sft_loss
 from graft.training.trainer import build_engine
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from graft.config import compose
-from graft.engine.distributed import end_torchrun_worker, init_distributed, shutdown_distributed
+from graft.engine.distributed.env import end_torchrun_worker, init_distributed, shutdown_distributed
 from graft.engine.phase import OLD_LOGPROBS, REF_LOGPROBS, SFT, UPDATE
 from graft.losses import BUILTIN_AGG_MODES
 from graft.plugins import get_plugin_manager

@@ -15,7 +15,7 @@ from types import ModuleType
 
 import torch
 
-from graft.engine.distributed import end_torchrun_worker, shutdown_distributed
+from graft.engine.distributed.env import end_torchrun_worker, shutdown_distributed
 from graft.export import WeightExporter
 from graft.export.gather import local_tensor
 from graft.plugins import get_plugin_manager

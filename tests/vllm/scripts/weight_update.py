@@ -15,8 +15,8 @@ from tempfile import TemporaryDirectory
 import torch
 
 from graft.config import compose
-from graft.engine.distributed import shutdown_distributed
-from graft.engine.micro_batch import TokenSample
+from graft.engine.batch.micro_batch import TokenSample
+from graft.engine.distributed.env import shutdown_distributed
 from graft.export import WeightExporter, hf_directory_sink
 from graft.training.trainer import Trainer
 from graft_vllm import DeltaTracker, VLLMSink, start_engine

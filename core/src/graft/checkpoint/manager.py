@@ -37,7 +37,7 @@ from graft.checkpoint.safe_io import (
     dcp_failures,
     read_metadata,
 )
-from graft.engine.distributed import DistEnv, broadcast_object
+from graft.engine.distributed.env import DistEnv, broadcast_object
 from graft.errors import CheckpointError
 from graft.plugins import get_plugin_manager
 

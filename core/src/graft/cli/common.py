@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from graft.errors import ConfigError
 from graft.plugins import GraftPluginManager, load_plugins
 
-
 DISABLE_HELP = "do not load the plugin NAME (repeatable); see `graft plugins`"
 
 

@@ -38,7 +38,7 @@ def _dest(option: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Validate the config and check its paths; launch torchrun if asked, else train in this
     process (also as one of torchrun's ranks)."""
-    from graft.engine.launch import rank_errors_recorded, use_short_openmp_spin
+    from graft.engine.distributed.launch import rank_errors_recorded, use_short_openmp_spin
 
     use_short_openmp_spin()  # before anything imports torch
     with rank_errors_recorded():
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 def train_here(args: argparse.Namespace, cfg: Any) -> int:
     """Train ``cfg`` in this process: the whole run, or one torchrun rank of it."""
     _quiet_non_main_ranks()
-    from graft.engine.distributed import end_torchrun_worker
+    from graft.engine.distributed.env import end_torchrun_worker
     from graft.training.trainer import train
 
     if int(os.environ.get("RANK", "0")) == 0:
@@ -94,8 +94,8 @@ def resume_note(cfg: Any) -> str:
 
 def launch_torchrun(args: argparse.Namespace, torchrun_args: list[str]) -> int:
     """Run torchrun's launcher, here, on ``-m graft train <same config>``; return its exit
-    code (a failed rank's own, see `graft.engine.launch.run_torchrun`)."""
-    from graft.engine.launch import run_torchrun
+    code (a failed rank's own, see `graft.engine.distributed.launch.run_torchrun`)."""
+    from graft.engine.distributed.launch import run_torchrun
 
     # One node without rendezvous options: --standalone picks a free port, so concurrent runs
     # on one machine do not collide on torchrun's default port.

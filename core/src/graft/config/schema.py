@@ -159,13 +159,13 @@ class EngineConfig:
     # graft.engine.checkpoint_groups.
     checkpoint_every_blocks: int = bounded(1, ge=1, note="1: a checkpoint per decoder block")
     # Compute the log-probs (and entropy) from the last hidden states this many tokens at a time,
-    # forward and backward, never holding the tokens x vocab logits (graft.engine.chunked_head);
+    # forward and backward, never holding the tokens x vocab logits (graft.engine.head.chunked);
     # 0 takes the whole logits from the model (the path before). 4096 measured: bench/README.md.
     logprob_chunk_tokens: int = bounded(4096, ge=0, note="0: the whole logits at once")
     # With chunked log-probs, a token-separable loss (PPO, SFT's NLL; graft.losses.contract) and
     # a built-in loss_agg_mode: take the loss's gradient in the chunked head's forward, as
     # Liger's fused linear cross-entropy does, instead of recomputing every chunk's logits in
-    # backward (graft.engine.fused_head_loss): one head matmul less per token, the default
+    # backward (graft.engine.head.fused_loss): one head matmul less per token, the default
     # run's losses and gradients bit-identical on CPU. Other losses (GSPO), sequence
     # parallelism and plugin aggregations take the chunked head's backward.
     fuse_loss_into_head: bool = True

@@ -21,7 +21,7 @@ from graft.data.files import read_records, training_file
 from graft.data.prompts import PromptEncoder
 from graft.data.records import records_to_samples, sft_records_to_samples
 from graft.data.tasks import TASKS, TextSample, generate_samples
-from graft.engine.micro_batch import TokenSample
+from graft.engine.batch.micro_batch import TokenSample
 from graft.errors import ConfigError, DataError, did_you_mean
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ module (which imports torch) on first access.
 * Expert-parallel pieces for a hand-written experts forward: `shard_experts`,
   `dispatch_tokens`, `combine_tokens`, `grouped_linear`, `local_expert_weight`.
 * Sequence parallelism, for a plugin whose attention spans the ``sp`` ranks
-  (`graft.engine.sequence_parallel`): `SequenceShard` (this rank's part of every row) and
+  (`graft.engine.distributed.sequence_parallel`): `SequenceShard` (this rank's part of every row) and
   `active_shard` (the shard of the split forward running now, or None).
 * Which pass a forward belongs to (the ``phase`` of ``graft_prepare_inputs`` and
   ``graft_post_forward``): `Phase`, `PHASES`, `ROLLOUT_LOGPROBS`, `OLD_LOGPROBS`,
@@ -36,14 +36,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-# Imported here, not on first access: the function `token_chunks` would otherwise lose its name
-# to its module once anything imports `graft.engine.token_chunks` (the module imports no torch).
-from graft.engine.token_chunks import add_chunk_grads, cast_like, token_chunks
 from graft.lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from graft.engine.distributed import DistEnv, broadcast_object
-    from graft.engine.expert_parallel import (
+    from graft.engine.distributed.env import DistEnv, broadcast_object
+    from graft.engine.distributed.expert_parallel import (
         apply_expert_parallel,
         combine_tokens,
         dispatch_tokens,
@@ -51,9 +48,8 @@ if TYPE_CHECKING:
         local_expert_weight,
         shard_experts,
     )
-    from graft.engine.logprobs import token_logprobs
-    from graft.engine.parallel_dims import ParallelMeshes
-    from graft.engine.parallelize import (
+    from graft.engine.distributed.parallel_dims import ParallelMeshes
+    from graft.engine.distributed.parallelize import (
         apply_activation_checkpointing,
         apply_compile,
         apply_fsdp,
@@ -61,6 +57,9 @@ if TYPE_CHECKING:
         mixed_precision_policy,
         parallelize_standard,
     )
+    from graft.engine.distributed.sequence_parallel import SequenceShard, active_shard
+    from graft.engine.head.logprobs import token_logprobs
+    from graft.engine.head.token_chunks import add_chunk_grads, cast_like, token_chunks
     from graft.engine.phase import (
         DECODE,
         OLD_LOGPROBS,
@@ -75,7 +74,6 @@ if TYPE_CHECKING:
         Phase,
         compute,
     )
-    from graft.engine.sequence_parallel import SequenceShard, active_shard
 
 __all__ = [
     "DECODE",
@@ -114,20 +112,21 @@ __all__ = [
 ]
 
 _MODULE_OF = {
-    **dict.fromkeys(["DistEnv", "broadcast_object"], "graft.engine.distributed"),
+    **dict.fromkeys(["add_chunk_grads", "cast_like", "token_chunks"],
+                    "graft.engine.head.token_chunks"),
+    **dict.fromkeys(["DistEnv", "broadcast_object"], "graft.engine.distributed.env"),
     **dict.fromkeys(["apply_expert_parallel", "combine_tokens", "dispatch_tokens",
                      "grouped_linear", "local_expert_weight", "shard_experts"],
-                    "graft.engine.expert_parallel"),
-    "ParallelMeshes": "graft.engine.parallel_dims",
+                    "graft.engine.distributed.expert_parallel"),
+    "ParallelMeshes": "graft.engine.distributed.parallel_dims",
     **dict.fromkeys(["apply_activation_checkpointing", "apply_compile", "apply_fsdp",
                      "apply_pre_shard_hooks", "mixed_precision_policy", "parallelize_standard"],
-                    "graft.engine.parallelize"),
-    **dict.fromkeys(["SequenceShard", "active_shard"], "graft.engine.sequence_parallel"),
-    **dict.fromkeys(["OLD_LOGPROBS", "PHASES", "REF_LOGPROBS", "ROLLOUT_LOGPROBS", "SFT",
-                     "UPDATE", "Phase"], "graft.engine.phase"),
-    **dict.fromkeys(["DECODE", "PREFILL", "ROLLOUT", "SAMPLE_LOGPROBS", "compute"],
+                    "graft.engine.distributed.parallelize"),
+    **dict.fromkeys(["SequenceShard", "active_shard"], "graft.engine.distributed.sequence_parallel"),
+    **dict.fromkeys(["DECODE", "OLD_LOGPROBS", "PHASES", "PREFILL", "REF_LOGPROBS", "ROLLOUT",
+                     "ROLLOUT_LOGPROBS", "SAMPLE_LOGPROBS", "SFT", "UPDATE", "Phase", "compute"],
                     "graft.engine.phase"),
-    "token_logprobs": "graft.engine.logprobs",
+    "token_logprobs": "graft.engine.head.logprobs",
 }
 
 

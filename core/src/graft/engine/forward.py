@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from graft.engine.chunked_head import chunked_head_logprobs
-from graft.engine.fused_head_loss import GradientRunner, TokenLoss, fused_head_loss
-from graft.engine.logprobs import token_entropy, token_logprobs
-from graft.engine.micro_batch import MicroBatch
+from graft.engine.batch.micro_batch import MicroBatch
+from graft.engine.head.chunked import chunked_head_logprobs
+from graft.engine.head.fused_loss import GradientRunner, TokenLoss, fused_head_loss
+from graft.engine.head.logprobs import token_entropy, token_logprobs
 from graft.models.family import ModelFamily
 
 
@@ -23,7 +23,7 @@ def forward_logprobs(model: torch.nn.Module, family: ModelFamily, batch: MicroBa
     ``compute_dtype`` is the dtype the model computes in (bf16 under mixed precision); masks
     built for packed rows use it. ``chunk_tokens`` (``engine.logprob_chunk_tokens``) > 0 never
     forms the ``tokens x vocab`` logits: the model's head runs on that many tokens at a time
-    (`graft.engine.chunked_head`); 0 takes the whole logits from the model.
+    (`graft.engine.head.chunked`); 0 takes the whole logits from the model.
     """
     t = batch.tensors
     if chunk_tokens > 0:
@@ -44,7 +44,7 @@ def forward_fused_loss(model: torch.nn.Module, family: ModelFamily, batch: Micro
                        gradient: GradientRunner | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """`forward_logprobs` with the loss's gradient taken in the chunked head
-    (`graft.engine.fused_head_loss`): the log-probs and entropy (detached, the same values)
+    (`graft.engine.head.fused_loss`): the log-probs and entropy (detached, the same values)
     and the micro-batch's loss, ``token_loss`` summed over every token, whose backward carries
     the gradients. ``chunk_tokens`` must be > 0; ``gradient`` runs each chunk's gradient
     (the trainer's: inside the plugins' ``graft_compute``, step ``gradient``)."""

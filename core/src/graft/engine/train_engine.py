@@ -5,7 +5,7 @@ old log-probs and advantages) and a loss function over ``(num_sequences, max_len
 the engine packs micro-batches, keeps the number of micro-batches equal on every rank (FSDP2
 collectives must match), computes global normalisers, and runs forward/backward and the step.
 With sequence parallelism each forward runs on this rank's part of every row and its outputs are
-gathered into whole rows (`graft.engine.sequence_parallel`).
+gathered into whole rows (`graft.engine.distributed.sequence_parallel`).
 """
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from graft.engine.distributed import DistEnv, all_reduce
-from graft.engine.forward import forward_fused_loss, forward_logprobs
-from graft.engine.fused_head_loss import TokenLoss
-from graft.engine.grad_norm import clip_grad_norm
-from graft.engine.micro_batch import MicroBatch, TokenSample, build_micro_batch
-from graft.engine.packing import plan_micro_batches
-from graft.engine.phase import BACKWARD, FORWARD, GRADIENT, SFT, UPDATE, Phase, compute
-from graft.engine.sequence_parallel import (
+from graft.engine.batch.micro_batch import MicroBatch, TokenSample, build_micro_batch
+from graft.engine.batch.packing import plan_micro_batches
+from graft.engine.distributed.env import DistEnv, all_reduce
+from graft.engine.distributed.grad_norm import clip_grad_norm
+from graft.engine.distributed.sequence_parallel import (
     SequenceShard,
     backward_scale,
     row_multiple,
     sequence_split,
     split_tensors,
 )
-from graft.engine.token_loss import LossFn, chunk_token_loss, fuses_loss, token_weights
+from graft.engine.forward import forward_fused_loss, forward_logprobs
+from graft.engine.head.fused_loss import TokenLoss
+from graft.engine.head.token_loss import LossFn, chunk_token_loss, fuses_loss, token_weights
+from graft.engine.phase import BACKWARD, FORWARD, GRADIENT, SFT, UPDATE, Phase, compute
 from graft.errors import PluginError
 from graft.losses.aggregation import AggregationContext
 from graft.losses.registry import aggregate_loss
@@ -220,7 +220,7 @@ class TrainEngine:
         later passes over it. With sequence parallelism the forward runs on this rank's part
         of every row (`sequence_split`) and its outputs come back as whole rows. With
         ``head_loss`` (the `TokenLoss` of the batch on the device) and no split, the head
-        takes the loss's gradient (`graft.engine.fused_head_loss`) and the last item is the
+        takes the loss's gradient (`graft.engine.head.fused_loss`) and the last item is the
         loss to backpropagate; otherwise it is None.
         """
         hook = get_plugin_manager().hook

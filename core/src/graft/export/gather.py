@@ -2,7 +2,7 @@
 
 Parameters are FSDP2-sharded over the ``dp`` mesh dimension (``Shard(0)``), and experts of an
 expert-parallel layer over two dimensions: split into blocks over ``ep``, each block sharded over
-``efsdp`` (`graft.engine.parallel_dims`). `gather_expert_block` undoes the second split only (a
+``efsdp`` (`graft.engine.distributed.parallel_dims`). `gather_expert_block` undoes the second split only (a
 rank's block of experts); `gather_full` undoes both.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from graft.engine.parallel_dims import EP
+from graft.engine.distributed.parallel_dims import EP
 
 # torch 2.13 renamed all_gather_into_tensor (now deprecated); torch 2.11 has only the old name.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -8,7 +8,7 @@ PPO's clipped surrogate, the KL penalty and SFT's NLL are; GSPO (a sequence rati
 token-separable loss and a linear aggregation (every built-in ``loss.loss_agg_mode``), the
 gradient of the micro-batch's loss with respect to a token's log-prob is known as soon as that
 token's log-prob is: the chunked head then takes the loss's gradient in its forward
-(`graft.engine.fused_head_loss`) and never recomputes the logits.
+(`graft.engine.head.fused_loss`) and never recomputes the logits.
 """
 
 from __future__ import annotations

@@ -61,15 +61,15 @@ class ModelFamily:
             deterministic, so routing replay skips it while keeping every layer's position.
             None: every router is learned.
         parallelize: ``f(model, family, *, cfg, mesh, device, role, meshes) -> model``
-            replacing `graft.engine.parallelize.parallelize_standard` (e.g. to add expert
+            replacing `graft.engine.distributed.parallelize.parallelize_standard` (e.g. to add expert
             parallelism); compose the ``apply_*`` helpers of that module, and call
             ``apply_pre_shard_hooks`` (with ``role`` and ``meshes``) after activation
             checkpointing and before ``fully_shard`` (checked). The model arrives on
             ``device``; ``mesh`` is the data-parallel mesh, ``meshes`` the run's
-            `graft.engine.parallel_dims.ParallelMeshes` (``meshes["ep"]``,
+            `graft.engine.distributed.parallel_dims.ParallelMeshes` (``meshes["ep"]``,
             ``meshes["efsdp"]``). It may take any subset of the keyword arguments.
         expert_parallel: True when ``parallelize`` implements ``engine.ep_size > 1`` (experts
-            split over ``meshes["ep"]``, see `graft.engine.expert_parallel`); ``ep_size > 1`` is a
+            split over ``meshes["ep"]``, see `graft.engine.distributed.expert_parallel`); ``ep_size > 1`` is a
             config error for other families.
         extras: free-form data for plugins (EP layouts, adapters), keyed by plugin name.
     """

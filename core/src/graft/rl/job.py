@@ -22,13 +22,13 @@ import torch.distributed as dist
 
 from graft.data.dataset import load_prompts, load_validation_prompts
 from graft.data.sampler import EpochSampler
-from graft.engine.distributed import DistEnv, all_reduce, share_within_sp
-from graft.engine.micro_batch import MicroBatch, TokenSample
+from graft.engine.batch.micro_batch import MicroBatch, TokenSample
+from graft.engine.distributed.env import DistEnv, all_reduce, share_within_sp
 from graft.engine.phase import OLD_LOGPROBS, REF_LOGPROBS, ROLLOUT_LOGPROBS
 from graft.engine.train_engine import LossFn, TrainEngine
 from graft.losses.aggregation import loss_scale_factor
-from graft.losses.registry import policy_losses
 from graft.losses.contract import is_token_separable, token_separable
+from graft.losses.registry import policy_losses
 from graft.plugins import get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
 from graft.rl.advantages import advantage_estimators, compute_advantages

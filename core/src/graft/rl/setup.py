@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from graft.engine.distributed import DistEnv
-from graft.engine.model_setup import build_parallel_model
+from graft.engine.distributed.env import DistEnv
+from graft.engine.distributed.parallelize import build_parallel_model
 from graft.engine.train_engine import TrainEngine
 
 if TYPE_CHECKING:

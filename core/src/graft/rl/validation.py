@@ -27,7 +27,7 @@ import torch
 
 from graft.data.dataset import Prompts
 from graft.data.tasks import TextSample
-from graft.engine.distributed import DistEnv, all_reduce
+from graft.engine.distributed.env import DistEnv, all_reduce
 from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
 
 if TYPE_CHECKING:

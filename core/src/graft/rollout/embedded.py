@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from graft.engine.logprobs import token_logprobs
+from graft.engine.head.logprobs import token_logprobs
 from graft.engine.phase import GENERATE, ROLLOUT, SAMPLE_LOGPROBS, compute
 from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos, refuse_extras
 
@@ -192,6 +192,6 @@ class GatheredParameters:
     def __exit__(self, *exc: Any) -> None:
         for module in self.modules:
             module.reshard()
-            # as `graft.engine.parallelize.apply_fsdp` set them: the root stays gathered
+            # as `graft.engine.distributed.parallelize.apply_fsdp` set them: the root stays gathered
             module.set_reshard_after_forward(module is not self.root and self.reshard_blocks,
                                              recurse=False)

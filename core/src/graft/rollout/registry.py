@@ -42,7 +42,7 @@ def build_episode_runner(*, cfg: GraftConfig, tokenizer: Any, env: Any) -> Any:
     rollout = cfg.rollout
     if rollout.environment == "none":
         return None
-    from graft.engine.distributed import all_reduce
+    from graft.engine.distributed.env import all_reduce
     from graft.rollout.episodes import EpisodeLimits, EpisodeRunner
 
     def busiest(count: int) -> int:

@@ -15,8 +15,9 @@
   `compute_advantages(estimator, rewards, group_size=, cfg=)` runs one (finite values checked).
 
 Submodules (import torch): `graft.testing.families` (a model family's conformance and HF export
-checks; `parallelized_step`, for a ``graft_pre_shard`` plugin's tests), `graft.testing.invariance` (a loss's gradient is the same however a mini-batch is split
-over ranks and micro-batches), `graft.testing.checkpoint` (`check_plugin_on_checkpoint`: a
+checks; `parallelized_step`, for a ``graft_pre_shard`` plugin's tests),
+`graft.testing.invariance` (a loss's gradient is the same however a mini-batch is split over
+ranks and micro-batches), `graft.testing.checkpoint` (`check_plugin_on_checkpoint`: a
 plugin run through ``graft train`` from a saved tiny checkpoint, ``model.path``, on 1 or more
 ranks, reports its metrics and matches the same run on the preset; `save_tiny_checkpoint`).
 """

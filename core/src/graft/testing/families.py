@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from graft.config import ModelConfig
+from graft.engine.batch.micro_batch import TokenSample, build_micro_batch
 from graft.engine.forward import forward_logprobs
-from graft.engine.micro_batch import TokenSample, build_micro_batch
 from graft.models import build_model
 
 LENGTHS = (23, 9, 31, 14)
@@ -102,8 +102,8 @@ def parallelized_step(preset: str, *overrides: str
     process's data-parallel mesh, the ``graft_pre_shard`` plugins) with the config
     ``overrides``. The loss is the log-probs weighted by seeded random weights."""
     from graft.config import compose
-    from graft.engine.distributed import init_distributed
-    from graft.engine.parallelize import parallelize
+    from graft.engine.distributed.env import init_distributed
+    from graft.engine.distributed.parallelize import parallelize
 
     env = init_distributed(device_preference="cpu")
     cfg = compose([f"model.preset={preset}", "engine.device=cpu",

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from graft.engine.micro_batch import TokenSample
+from graft.engine.batch.micro_batch import TokenSample
 from graft.losses.contract import BUILTIN_AGG_MODES
 
 

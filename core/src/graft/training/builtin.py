@@ -55,7 +55,7 @@ def expert_parallel_needs_a_family(cfg: Any, manager: GraftPluginManager) -> Non
     ep = cfg.engine.ep_size  # >= 1: a `bounded` field
     if ep == 1:
         return
-    from graft.engine.parallelize import check_expert_parallel
+    from graft.engine.distributed.parallelize import check_expert_parallel
     from graft.models.build import local_model_type
     from graft.models.registry import family_for, model_families, preset
 

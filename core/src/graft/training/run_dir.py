@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from graft.checkpoint.layout import read_latest, step_of, write_atomically
-from graft.engine.distributed import broadcast_object
+from graft.engine.distributed.env import broadcast_object
 
 RUNS = Path("runs")
 logger = logging.getLogger("graft.train")

@@ -23,8 +23,8 @@ import torch
 
 from graft.data.dataset import TRAIN, VAL, load_text_samples, tokenize_sft
 from graft.data.sampler import EpochSampler
-from graft.engine.distributed import DistEnv, all_reduce
-from graft.engine.micro_batch import TokenSample
+from graft.engine.batch.micro_batch import TokenSample
+from graft.engine.distributed.env import DistEnv, all_reduce
 from graft.engine.phase import REF_LOGPROBS, SFT
 from graft.engine.train_engine import TrainEngine
 from graft.losses.aggregation import loss_scale_factor

@@ -13,10 +13,9 @@ import torch
 from graft.checkpoint.manager import CheckpointManager
 from graft.config.auto import choices_comment, describe_choices, resolve_auto
 from graft.data.tokenizer import load_tokenizer
-from graft.engine.distributed import DistEnv, init_distributed
-from graft.engine.sequence_parallel import sequence_parallel_size
-from graft.engine.model_setup import build_parallel_model
-from graft.engine.parallelize import mixed_precision_policy
+from graft.engine.distributed.env import DistEnv, init_distributed
+from graft.engine.distributed.parallelize import build_parallel_model, mixed_precision_policy
+from graft.engine.distributed.sequence_parallel import sequence_parallel_size
 from graft.engine.train_engine import TrainEngine
 from graft.errors import CheckpointError, ConfigError
 from graft.export.hf import export_model_to_hf
@@ -260,7 +259,7 @@ def train(cfg: Any = None, *, overrides: tuple[str, ...] | list[str] = ()) -> li
     metrics. Works in one process or under torchrun (``graft train`` calls it on every rank);
     the process group is shut down when it returns or raises."""
     from graft.config import compose
-    from graft.engine.distributed import shutdown_distributed
+    from graft.engine.distributed.env import shutdown_distributed
 
     config = cfg if cfg is not None else compose(list(overrides))
     try:
