@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call comparing two trees of Graft on the same GPU: BEFORE (a `git archive` of an
-# older commit, unpacked under build/ and carried) and this checkout. Each tree is installed with
+# older commit, unpacked under build/ and carried) and AFTER (this checkout by default, or another
+# carried archive). Each tree is installed with
 # its core and every plugin in a virtual environment of its own over the image's torch, then each
 # STEP ("name:seconds:arguments") runs once per tree, alternating before/after, from the tree's
 # own folder: `python bench/<arguments>` with $R/<name>_<tree>.json as --out.
@@ -16,7 +17,7 @@ exec > >(tee -a "$OUT/log.txt") 2>&1
 started=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .whl/* || exit 1
 export PYTHONPATH=/tmp/site
-HERE=$(pwd)
+HERE=$(cd "${AFTER:-.}" && pwd)
 BEFORE=$(cd "${BEFORE:?set BEFORE to the older tree}" && pwd)
 
 install_tree() {  # tree folder, venv folder
