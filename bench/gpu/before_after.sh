@@ -1,22 +1,14 @@
 #!/usr/bin/env bash
 # One device call comparing two trees of Graft on the same GPU: BEFORE (a `git archive` of an
 # older commit, unpacked under build/ and carried) and AFTER (this checkout by default, or another
-# carried archive). Each tree is installed with
-# its core and every plugin in a virtual environment of its own over the image's torch, then each
-# STEP ("name:seconds:arguments") runs once per tree, alternating before/after, from the tree's
+# carried archive). Each tree is installed with its core and every plugin in a virtual
+# environment of its own over the image's torch, then each STEP ("name:seconds:arguments") runs once per tree, alternating before/after, from the tree's
 # own folder: `python bench/<arguments>` with $R/<name>_<tree>.json as --out.
 #
 #   git archive 0cb6758 core plugins bench | tar -x -C build/trees/before   # here, then carry it
 #   BEFORE=build/trees/before bash bench/gpu/before_after.sh \
 #     "rl:240:rl_throughput.py --variants fused-rows exact --no-sft --steps 6"
-set -u
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-R=$OUT/results
-mkdir -p "$R"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-started=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .whl/* || exit 1
-export PYTHONPATH=/tmp/site
+source "$(dirname "$0")/prelude.sh"
 HERE=$(cd "${AFTER:-.}" && pwd)
 BEFORE=$(cd "${BEFORE:?set BEFORE to the older tree}" && pwd)
 

@@ -6,14 +6,7 @@
 # and the next one runs.
 #
 #   PLUGINS="offload" bash bench/gpu/run.sh "rl:300:python3 bench/rl_throughput.py --out \$R/rl.json" ...
-set -u
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-R=$OUT/results
-mkdir -p "$R"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-started=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .whl/* || exit 1
-export PYTHONPATH=/tmp/site
+source "$(dirname "$0")/prelude.sh"
 python3 -m pip install -q --no-deps --no-build-isolation -e core || exit 1
 for plugin in ${PLUGINS:-$(ls plugins)}; do
   python3 -m pip install -q --no-deps --no-build-isolation -e "plugins/$plugin" || echo "plugin $plugin: install failed"

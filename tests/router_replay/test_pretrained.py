@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graft.config import ModelConfig
-from graft.data.tokenizer import load_tokenizer
-from graft.models import build_model
+from graft.testing.checkpoint import save_tiny_checkpoint
 
 EP_SCRIPT = Path(__file__).resolve().parent / "scripts" / "ep_replay.py"
 # Two micro-batches per rank on two ranks, so mini_batches=2 updates twice: R2 replays too.
@@ -26,11 +24,7 @@ METRICS = ("router_replay/mismatch_fraction", "router_replay/fallback_rows",
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Qwen3-MoE preset saved as a Hugging Face directory (weights and tokenizer)."""
-    folder = tmp_path_factory.mktemp("hf") / "tiny-qwen3-moe"
-    model, _ = build_model(ModelConfig(preset="tiny-qwen3-moe"), seed=3)
-    model.save_pretrained(folder)
-    load_tokenizer(None, None).save_pretrained(folder)
-    return folder
+    return save_tiny_checkpoint("tiny-qwen3-moe", tmp_path_factory.mktemp("hf") / "tiny-qwen3-moe", seed=3)
 
 
 def assert_replayed_every_step(rows: list[dict], mode: str) -> None:
@@ -87,9 +81,9 @@ def test_exact_logits_on_a_local_checkpoint_route_as_the_rollout_did(fit, hf_dir
                                                                      tmp_path: Path) -> None:
     """graft-exact (features.exact.enabled) with R3 on a model loaded from its directory (two
     features together on the meta-build, shard and fill path): the rollout's log-probs are the
-    trainer's bit for bit on every step (without exact they differ by 5e-8 to 1.5e-7 here), and the trainer's routers
-    choose what the rollout recorded (one on-policy pass; on CPU that holds without exact too,
-    the differences being far below a routing tie)."""
+    trainer's bit for bit on every step (without exact they differ by 5e-8 to 1.5e-7 here), and
+    the trainer's routers choose what the rollout recorded (one on-policy pass; on CPU that
+    holds without exact too, the differences being far below a routing tie)."""
     rows = fit(tmp_path, f"model.path={hf_dir}", *RL[:3], "engine.max_tokens_per_micro_batch=48",
                "features.router_replay.mode=R3", "features.exact.enabled=true",
                "rollout.decode=dynamic", steps=3)

@@ -11,20 +11,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from graft.config import ModelConfig
-from graft.data.tokenizer import load_tokenizer
-from graft.models import build_model
+from graft.testing.checkpoint import save_tiny_checkpoint
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "load_pretrained.py"
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("hf") / "tiny-moe"
-    model, _ = build_model(ModelConfig(preset="tiny-qwen3-moe"), seed=5)
-    model.save_pretrained(folder)
-    load_tokenizer(None, None).save_pretrained(folder)
-    return folder
+    return save_tiny_checkpoint("tiny-qwen3-moe", tmp_path_factory.mktemp("hf") / "tiny-moe", seed=5)
 
 
 def load(hf_dir: Path, out: Path, ranks: int) -> dict[str, torch.Tensor]:
