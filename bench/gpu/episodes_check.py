@@ -66,7 +66,7 @@ def run(folder: Path, args: argparse.Namespace, *overrides: str) -> dict[str, An
         f"trainer.run_dir={folder}", f"engine.device={args.device}", "model.preset=tiny-llama",
         *[f"+model.overrides.{k}={v}" for k, v in shapes.items()],
         "rollout.prompts_per_step=16", "rollout.n=8", "rollout.max_new_tokens=64",
-        "rollout.max_episode_tokens=256", f"trainer.total_steps={args.steps}",
+        "features.multiturn.max_episode_tokens=256", f"trainer.total_steps={args.steps}",
         "checkpoint.every_steps=0", "checkpoint.save_at_end=false", "export.hf_at_end=false",
         "trainer.print_sample_every_steps=0", *overrides])
     config = (folder / "config.yaml").read_text()
@@ -84,9 +84,9 @@ def main() -> None:
     runs: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as root, registered_plugin(Environments(), "bench-envs"):
         for name, overrides in {
-                "none": (), "one-turn": ("rollout.environment=one-turn", "rollout.max_turns=1"),
-                "three-turn": ("rollout.environment=three-turn",),
-                "three-turn-dynamic": ("rollout.environment=three-turn",
+                "none": (), "one-turn": ("features.multiturn.environment=one-turn", "features.multiturn.max_turns=1"),
+                "three-turn": ("features.multiturn.environment=three-turn",),
+                "three-turn-dynamic": ("features.multiturn.environment=three-turn",
                                        "rollout.decode=dynamic")}.items():
             runs[name] = run(Path(root) / name, args, *overrides)
             print(name, json.dumps(runs[name]), flush=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from graft_calculator import CalculatorEnvironment, calculator_reward
 from graft_calculator.reward import final_answer
+from graft_multiturn import Environment, MalformedAction
 
 from graft.data.tasks import TextSample
-from graft.rollout import Environment, MalformedAction
 
 
 def test_a_call_is_answered_and_a_turn_without_one_is_the_answer() -> None:

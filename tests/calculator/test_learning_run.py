@@ -1,4 +1,4 @@
-"""``graft train rollout.environment=calculator`` on CPU: a tiny random Llama whose tokenizer
+"""``graft train features.multiturn.environment=calculator`` on CPU: a tiny random Llama whose tokenizer
 has the tool's tags as single tokens learns, in 200 steps of 64 episodes, to call the
 calculator (one call per episode from about step 50-90), and the reward rises. With optim.lr=1e-2
 the policy collapses onto one answer before it finds the tool (entropy 0.002 by step 200, calls
@@ -21,8 +21,9 @@ def test_a_tiny_model_learns_to_call_the_calculator(graft_train, metrics_of, cal
     model = calculator_model
     data = write_problems(tmp_path / "train.jsonl", 256, seed=0, max_operand=9, operators="+")
     graft_train(tmp_path / "run", f"model.path={model}", "data.source=file",
-                f"data.path={data}", "rollout.environment=calculator", "rollout.max_turns=2",
-                "rollout.max_new_tokens=6", "rollout.max_episode_tokens=16",
+                f"data.path={data}", "features.multiturn.environment=calculator",
+                "features.multiturn.max_turns=2", "rollout.max_new_tokens=6",
+                "features.multiturn.max_episode_tokens=16",
                 "features.calculator.call_reward=0.2", "rollout.prompts_per_step=8",
                 "rollout.n=8", "algorithm.reward_workers=1", "optim.lr=3e-3",
                 f"trainer.total_steps={STEPS}", "trainer.print_sample_every_steps=0",

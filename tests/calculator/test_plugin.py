@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 from graft_calculator import DATA_SOURCE, CalculatorConfig, CalculatorEnvironment, calculator_reward
+from graft_multiturn import environments
 
 from graft.config import compose
 from graft.data.tasks import TextSample
 from graft.errors import ConfigError
 from graft.rl.rewards import RewardChooser
-from graft.rollout.registry import environments
 from graft.testing import check_config_section, check_installed_plugin
 
 
@@ -22,12 +22,12 @@ def test_the_installed_plugin_passes_graft_testing() -> None:
 
 
 def test_the_environment_is_selectable_and_takes_its_section() -> None:
-    cfg = compose(["rollout.environment=calculator", "features.calculator.max_calls=1",
+    cfg = compose(["features.multiturn.environment=calculator", "features.calculator.max_calls=1",
                    "features.calculator.call_reward=0.2"])
     env = environments()["calculator"](cfg=cfg)
     assert isinstance(env, CalculatorEnvironment) and (env.max_calls, env.call_reward) == (1, 0.2)
-    with pytest.raises(ConfigError, match=r"rollout.environment.*calculator"):
-        compose(["rollout.environment=calculater"])
+    with pytest.raises(ConfigError, match=r"features.multiturn.environment.*calculator"):
+        compose(["features.multiturn.environment=calculater"])
     with pytest.raises(ConfigError, match=r"features.calculator.max_calls"):
         compose(["features.calculator.max_calls=-1"])
 

@@ -60,6 +60,9 @@ def test_hook_specs_are_the_design_table() -> None:
         "graft_config_choices", "graft_preflight",
         # added so a plugin supplies the static copy's decode loop (graft-graphed-decode, #37)
         "graft_static_decoder",
+        # added so a plugin makes an RL step's samples in place of one generate per prompt
+        # (graft-multiturn's episodes, #37)
+        "graft_episode_runner",
     }
 
 

@@ -36,7 +36,7 @@ def test_an_unknown_mode_is_a_config_error(fit) -> None:
     (("features.router_replay.mode=R2", "model.preset=tiny-llama"), "needs a MoE model"),
     (("features.router_replay.mode=R3", "rollout.decode=static"),
      "rollout.decode=static generates with a separate compiled copy"),
-    (("features.router_replay.mode=R3", "rollout.environment=calculator"),
+    (("features.router_replay.mode=R3", "features.multiturn.environment=calculator"),
      "generates an episode in several turns"),
 ])
 def test_runs_replay_cannot_serve_are_config_errors(fit, tmp_path: Path, overrides,

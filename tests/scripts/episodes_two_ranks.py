@@ -46,7 +46,8 @@ def main(run_dir: str, engine: str = "embedded") -> None:
         metrics = graft.train(overrides=[
             f"trainer.run_dir={run_dir}", "engine.device=cpu", "model.preset=tiny-llama",
             "trainer.total_steps=2", "rollout.prompts_per_step=4", "rollout.n=2",
-            "rollout.max_new_tokens=3", "rollout.environment=rank-turns", "rollout.max_turns=4",
+            "rollout.max_new_tokens=3", "features.multiturn.environment=rank-turns",
+            "features.multiturn.max_turns=4",
             "rollout.decode=dynamic", f"rollout.engine={engine}", "checkpoint.every_steps=0",
             "checkpoint.save_at_end=false",
             "export.hf_at_end=false", "trainer.print_sample_every_steps=0"])

@@ -30,7 +30,7 @@ def test_hook_sizes_sp_only_when_asked() -> None:
 
 
 @pytest.mark.parametrize(("overrides", "says"), [
-    (["rollout.environment=calculator"], "rollout.environment='calculator'"),
+    (["features.multiturn.environment=calculator"], "features.multiturn.environment='calculator'"),
     (["model.preset=tiny-gpt-oss", "engine.ep_size=2"], "engine.ep_size=2"),
     (["features.exact.enabled=true"], "features.exact.enabled=true"),  # graft-exact's
 ])

@@ -1,5 +1,5 @@
-"""Multi-turn episodes with the vLLM engine: the core's episode checks
-(tests/core/rollout/test_episodes.py) run with ``rollout.engine=vllm``."""
+"""Multi-turn episodes with the vLLM engine: graft-multiturn's episode checks
+(tests/multiturn/test_episodes.py) run with ``rollout.engine=vllm``."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-CORE_TESTS = Path(__file__).resolve().parents[1] / "core" / "rollout" / "test_episodes.py"
+CORE_TESTS = Path(__file__).resolve().parents[1] / "multiturn" / "test_episodes.py"
 
 
 def core_episode_checks():
-    """The core's test module, loaded from its file (test files are not importable by name)."""
+    """graft-multiturn's test module, loaded from its file (test files are not importable by name)."""
     spec = importlib.util.spec_from_file_location("core_episode_checks", CORE_TESTS)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -221,9 +221,11 @@ def graft_rollout_engines() -> dict[str, Any]:
 
 @hookspec
 def graft_environments() -> dict[str, Any]:
-    """Declare multi-turn tool environments, selectable with ``rollout.environment=<name>``; every rank.
-    When: config validation, an RL run's start. Return ``{name: factory}``; ``factory(*, cfg, tokenizer)``
-    builds a `graft.rollout.Environment` per episode. Must not mutate anything. Not ``firstresult``."""
+    """Declare multi-turn tool environments; graft-multiturn consumes this registry (selected
+    with ``features.multiturn.environment=<name>``, run by its ``graft_episode_runner``); every
+    rank. When: config validation, an RL run's start. Return ``{name: factory}``;
+    ``factory(*, cfg, tokenizer)`` builds a ``graft_multiturn.Environment`` per episode. Must not
+    mutate anything. Not ``firstresult``."""
 
 
 @hookspec
@@ -363,8 +365,30 @@ def graft_compute(step: str, phase: str, model: torch.nn.Module, cfg: Any) -> An
 
 
 # --------------------------------------------------------------------------------------------
-# Rollout (RL): generation, and what plugins record during it.
+# Rollout (RL): generation (or a plugin's episodes in its place), and what plugins record
+# during it.
 # --------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def graft_episode_runner(cfg: Any, tokenizer: Any, env: Any) -> Any:
+    """Take over how an RL step's prompts (and a validation's) become samples.
+
+    When: once per RL run, when the RL job is built (before the rollout engine starts); on
+    every rank. Who: a plugin whose samples are more than one ``generate`` per prompt
+    (graft-multiturn: episodes in which the model and an environment take turns). ``cfg`` is
+    the root config, ``tokenizer`` the run's, ``env`` the `graft.engine.DistEnv`.
+
+    Return a `graft.rollout.EpisodeRunner`: every step the RL job calls its ``run(engine,
+    samples, prompts, spec)`` in place of ``engine.generate(prompts, spec)`` (between
+    ``graft_rollout_begin`` and ``graft_rollout_end``), then ``check_failures(batch)``; the
+    batch's ``samples`` are trained on (a ``loss_mask`` marks the tokens the loss covers), its
+    ``total_rewards(score, responses, samples)`` are the rewards and its ``metrics`` join the
+    step's. Validation calls ``run`` too (with ``val.*`` sampling). ``run`` runs on every rank,
+    also one without prompts, and must keep the engine's collectives paired. Return None to
+    pass: one response per prompt from the engine. Must not mutate anything.
+    ``firstresult``: the first runner returned is used.
+    """
 
 
 @hookspec

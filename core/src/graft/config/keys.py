@@ -44,6 +44,13 @@ MOVED_KEYS: dict[str, MovedKey] = {
     "rollout.exact": MovedKey("features.exact.enabled", False, "graft-exact"),
     "rollout.decode_fuse_kernels": MovedKey("features.graphed_decode.fuse_kernels", True,
                                             "graft-graphed-decode"),
+    "rollout.environment": MovedKey("features.multiturn.environment", "none", "graft-multiturn"),
+    "rollout.max_turns": MovedKey("features.multiturn.max_turns", 4, "graft-multiturn"),
+    "rollout.max_episode_tokens": MovedKey("features.multiturn.max_episode_tokens", 256,
+                                           "graft-multiturn"),
+    "rollout.env_timeout_s": MovedKey("features.multiturn.env_timeout_s", 10.0, "graft-multiturn"),
+    "rollout.max_failed_env_steps": MovedKey("features.multiturn.max_failed_env_steps", 3,
+                                             "graft-multiturn"),
 }
 
 

@@ -276,19 +276,6 @@ class RolloutConfig:
     #   loop in bench/README.md, rounding differently from the trainer's forward).
     # none: transformers, eager.
     decode_compile: str = choice("cudagraphs", ("cudagraphs", "inductor", "none"))
-    # Multi-turn episodes with an environment plugin's tools (graft_environments; graft
-    # plugins lists them), on any rollout engine; none = one response per prompt.
-    environment: str = choice("none", ("none",), registry="environments")
-    # With an environment: model turns per episode; tokens per episode after the prompt
-    # (model and environment; each turn at most max_new_tokens); seconds per environment call
-    # (past it the episode ends with reward 0, rollout/env_errors).
-    max_turns: int = bounded(4, ge=1)
-    max_episode_tokens: int = bounded(256, ge=1)
-    env_timeout_s: float = bounded(10.0, gt=0.0)
-    # With an environment: stop the run (exit 2) after this many training steps in a row whose
-    # every episode ended in an environment error (each such step is a warning;
-    # rollout/env_error_fraction is the share per step).
-    max_failed_env_steps: int = bounded(3, ge=0, note="0: never stop")
 
 
 @dataclass

@@ -3,6 +3,10 @@
 ``GRAFT_PLUGINS`` (allowlist; unset = all, empty = none) and ``GRAFT_DISABLE_PLUGINS`` (set by
 ``--disable-plugin``) are read then; both are inherited by processes that torchrun starts, so
 every rank sees the same plugins.
+
+For a plugin that consumes a registry (graft-multiturn's environments): `collect_named` (every
+plugin's named objects of a registry hook, one name from two plugins a `PluginError`) and
+`call_with_keywords` (a registry's function called with the keywords it declares).
 """
 
 from __future__ import annotations
@@ -13,12 +17,16 @@ from collections.abc import Sequence
 import pluggy
 
 from graft.plugins.discovery import DISABLE_ENV, allowlist_from_env, disabled_from_env
+from graft.plugins.keywords import call_with_keywords
 from graft.plugins.manager import ConfigSection, GraftPluginManager, PluginRecord
+from graft.plugins.registry import collect_named
 
 __all__ = [
     "ConfigSection",
     "GraftPluginManager",
     "PluginRecord",
+    "call_with_keywords",
+    "collect_named",
     "get_plugin_manager",
     "hook",
     "load_plugins",

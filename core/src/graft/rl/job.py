@@ -35,8 +35,7 @@ from graft.rl.advantages import advantage_estimators, compute_advantages
 from graft.rl.kl import kl_penalty
 from graft.rl.rewards import RewardScorer
 from graft.rl.validation import Validator
-from graft.rollout.registry import build_episode_runner
-from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
+from graft.rollout.types import EpisodeBatch, EpisodeRunner, RolloutEngine, RolloutSample, SamplingSpec
 from graft.training.job import validation_due
 from graft.training.metrics import console_print
 from graft.training.samples import SampleLog, format_sample, sample_records, shown_to_model
@@ -111,7 +110,9 @@ class RLJob:
                                  cfg.rollout.max_new_tokens)
         self.rollout: RolloutEngine | None = None
         self.reference: TrainEngine | None = None
-        self.episodes = build_episode_runner(cfg=cfg, tokenizer=tokenizer, env=env)
+        # a plugin's runner in place of one generate per prompt (graft-multiturn's episodes)
+        self.episodes: EpisodeRunner | None = get_plugin_manager().hook.graft_episode_runner(
+            cfg=cfg, tokenizer=tokenizer, env=env)
 
     def attach(self, engine: TrainEngine, run_dir: Path) -> None:
         """Start the rollout engine (and the frozen reference for the KL penalty)."""
@@ -167,10 +168,12 @@ class RLJob:
             metrics.update(episodes.metrics)
         return metrics
 
-    def _score(self, responses: list[str], texts: list[Any], episodes: Any) -> list[float]:
-        """Each response's reward: the configured reward's; for an episode its environment's
-        (0 after an environment failure) plus the configured reward's where it asks for it
-        (`graft.rollout.episodes.EpisodeBatch.total_rewards`)."""
+    def _score(self, responses: list[str], texts: list[Any],
+               episodes: EpisodeBatch | None) -> list[float]:
+        """Each response's reward: the configured reward's; with a plugin's runner its batch's
+        (`graft.rollout.EpisodeBatch.total_rewards`: for graft-multiturn's episodes the
+        environment's, 0 after an environment failure, plus the configured reward's where the
+        episode asks for it)."""
         if episodes is None:
             return self.rewards.score(responses, texts)
         return episodes.total_rewards(self.rewards.score, responses, texts)

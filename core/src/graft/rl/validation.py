@@ -21,14 +21,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from graft.data.dataset import Prompts
 from graft.data.tasks import TextSample
 from graft.engine.distributed.env import DistEnv, all_reduce
-from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
+from graft.rollout.types import EpisodeRunner, RolloutEngine, RolloutSample, SamplingSpec
 
 if TYPE_CHECKING:
     from graft.config.schema import RolloutConfig, TrainerConfig, ValConfig
@@ -83,10 +83,11 @@ class Validator:
     def run(self, rollout: RolloutEngine, *, score: Callable[[list[str], list[TextSample]],
                                                               list[float]],
             decode: Callable[[RolloutSample], str], step: int,
-            episodes: Any = None) -> ValidationResult:
-        """Generate ``val.n`` responses per prompt of this rank (with ``episodes``, a
-        `graft.rollout.episodes.EpisodeRunner`: ``val.n`` episodes), score them with ``score``
-        (responses, samples) and reduce the metrics over the ranks (every rank calls it)."""
+            episodes: EpisodeRunner | None = None) -> ValidationResult:
+        """Generate ``val.n`` responses per prompt of this rank (with ``episodes``, a plugin's
+        `graft.rollout.EpisodeRunner`: ``val.n`` of its samples, graft-multiturn's episodes),
+        score them with ``score`` (responses, samples) and reduce the metrics over the ranks
+        (every rank calls it)."""
         local = list(range(len(self.ids)))[self.env.dp_rank::self.env.dp_size]
         prompts = [self.ids[i] for i in local for _ in range(self.n)]
         samples = [self.samples[i] for i in local for _ in range(self.n)]

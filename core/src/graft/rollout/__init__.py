@@ -1,9 +1,9 @@
 """Rollout engines for RL: the trainer's own model (embedded) or a plugin's (graft-vllm's
 ``vllm``), behind one interface (`graft.rollout.types.RolloutEngine`). Public: `RolloutEngine`,
 `RolloutSample`, `SamplingSpec`, `refuse_extras` (an engine's answer to extras it cannot
-return) and `cut_at_eos` (a generated row up to its first ``eos``); for
-multi-turn environment plugins (``graft_environments``) `Environment`, `EnvironmentFactory`,
-`Observation` and `MalformedAction` (`graft.rollout.environment`); for a plugin's attention
+return) and `cut_at_eos` (a generated row up to its first ``eos``); for a plugin that makes a
+step's samples in place of one ``generate`` (``graft_episode_runner``: graft-multiturn's
+episodes) `EpisodeRunner` and `EpisodeBatch`; for a plugin's attention
 implementation, `register_boolean_mask_attention` (a plugin's decode loop, supplied through
 ``graft_static_decoder``, may hand it a boolean mask), which such a loop reads with
 `boolean_mask_attentions`.
@@ -14,10 +14,9 @@ command); the types import torch when first used.
 
 from typing import Any
 
-__all__ = ["Environment", "EnvironmentFactory", "MalformedAction", "Observation", "RolloutEngine",
-           "RolloutSample", "SamplingSpec", "cut_at_eos", "refuse_extras",
-           "boolean_mask_attentions", "register_boolean_mask_attention"]
-ENVIRONMENT = ("Environment", "EnvironmentFactory", "MalformedAction", "Observation")
+__all__ = ["EpisodeBatch", "EpisodeRunner", "RolloutEngine", "RolloutSample", "SamplingSpec",
+           "cut_at_eos", "refuse_extras", "boolean_mask_attentions",
+           "register_boolean_mask_attention"]
 # transformers attention implementations (their ``AttentionInterface`` names) that plugins said
 # take a decode loop's boolean mask (`register_boolean_mask_attention`)
 _BOOLEAN_MASK_ATTENTIONS: set[str] = set()
@@ -39,10 +38,6 @@ def boolean_mask_attentions() -> frozenset[str]:
 
 
 def __getattr__(name: str) -> Any:
-    if name in ENVIRONMENT:  # no torch: environment plugins import these at module level
-        from graft.rollout import environment
-
-        return getattr(environment, name)
     if name in __all__:
         from graft.rollout import types
 

@@ -36,6 +36,7 @@ def graft_rollout_engines() -> dict[str, Any]:
 
 @hookimpl
 def graft_config_choices() -> dict[str, Any]:
-    """``rollout_engines`` and ``environments``."""
+    """``rollout_engines`` and ``environments`` (the hook contract's registry, which
+    graft-multiturn's ``features.multiturn.environment`` names)."""
     return {"rollout_engines": registry_names("graft_rollout_engines", "rollout engine"),
             "environments": registry_names("graft_environments", "environment")}

@@ -1,9 +1,11 @@
-"""What every rollout engine takes and returns."""
+"""What every rollout engine takes and returns, and what a plugin's episode runner
+(``graft_episode_runner``) does in its place."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -39,7 +41,7 @@ class RolloutSample:
             (``RolloutEngine.request_extras``), as the engine returned them (e.g. a serving
             engine's ``routed_experts`` array); plugins turn them into ``extras``.
         loss_mask: which response tokens the loss covers (``len(response_ids)``, 1.0 or 0.0):
-            a multi-turn episode's model tokens (`graft.rollout.episodes`), not the
+            a multi-turn episode's model tokens (graft-multiturn's episodes), not the
             environment's; None: every response token (a single-turn response).
     """
 
@@ -76,6 +78,40 @@ class RolloutEngine(Protocol):
 
     def close(self) -> None:
         """Release the engine."""
+
+
+@runtime_checkable
+class EpisodeBatch(Protocol):
+    """What an `EpisodeRunner` made of one step's (or one validation's) prompts."""
+
+    # one sample per prompt given, in their order (``loss_mask`` marks the tokens trained on)
+    samples: list[RolloutSample]
+    # logged with the step's metrics (graft-multiturn's ``rollout/turns_mean``...); every rank
+    # holds the same values
+    metrics: dict[str, float]
+
+    def total_rewards(self, score: Callable[[list[str], list[Any]], list[float]],
+                      responses: Sequence[str], samples: Sequence[Any]) -> list[float]:
+        """Each sample's reward, with ``score`` the run's configured reward (decoded
+        ``responses`` and the data samples they answer, one call for those the runner wants
+        scored)."""
+
+
+@runtime_checkable
+class EpisodeRunner(Protocol):
+    """Makes samples from prompts in place of one `RolloutEngine.generate` (a plugin's, from
+    ``graft_episode_runner``: graft-multiturn's episodes, the model and an environment taking
+    turns); the RL job and its validation call it on every rank."""
+
+    def run(self, engine: RolloutEngine, samples: Sequence[Any], prompts: Sequence[list[int]],
+            spec: SamplingSpec) -> EpisodeBatch:
+        """Samples for the data ``samples`` (`graft.data.tasks.TextSample`) whose encoded
+        prompts are ``prompts`` (one each), generated with ``engine`` as ``spec`` says; every
+        rank calls it, also one without prompts (its engine's collectives must pair)."""
+
+    def check_failures(self, batch: EpisodeBatch) -> None:
+        """After a training step's `run` (not validation's): warn about, or stop the run for
+        (a `graft.errors.GraftError`), what went wrong in ``batch``."""
 
 
 def refuse_extras(kind: str, names: tuple[str, ...], supported: tuple[str, ...] = ()) -> None:

@@ -1,8 +1,8 @@
 """A multi-turn environment: the model may ask for a hint (a turn ending with "?"), and the
-hint is the first half of the answer. Selected with rollout.environment=hints."""
+hint is the first half of the answer. Selected with features.multiturn.environment=hints (graft-multiturn)."""
 
 from graft import hookimpl
-from graft.rollout import MalformedAction
+from graft_multiturn import MalformedAction
 
 
 class HintEnvironment:

@@ -70,7 +70,7 @@ def test_a_hint_costs_and_an_answer_ends_the_episode():
 
     import pytest
 
-    from graft.rollout import MalformedAction
+    from graft_multiturn import MalformedAction
     from graft_myfeature.environment import HintEnvironment
 
     env = HintEnvironment()

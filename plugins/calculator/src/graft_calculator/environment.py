@@ -1,7 +1,7 @@
 """The calculator environment: the model writes ``<calc>expr</calc>``, the tool answers
 ``<result>value</result>``; a turn without a call is the final answer.
 
-A turn ends right after ``</calc>`` (`graft.rollout.Environment`'s ``stop``), so the model
+A turn ends right after ``</calc>`` (`graft_multiturn.Environment`'s ``stop``), so the model
 never writes past its own call. The environment leaves the final answer to the reward registry
 (the ``calculator`` reward, `graft_calculator.reward`); it rewards only well-formed calls, and
 only with ``features.calculator.call_reward``.
@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from graft.rollout import MalformedAction
+from graft_multiturn import MalformedAction
+
 from graft_calculator.arithmetic import NotArithmetic, evaluate, render
 
 OPEN, CLOSE = "<calc>", "</calc>"

@@ -43,9 +43,12 @@ def run_conflict(cfg: Any, mode: str) -> str | None:
         return ("features.router_replay.mode=R3 records routing with hooks on the generating "
                 "model, and rollout.decode=static generates with a separate compiled copy whose "
                 "routers it cannot hook. Use rollout.decode=dynamic, or mode=R2")
-    if mode == R3 and getattr(rollout, "environment", "none") != "none":
+    # graft-multiturn's episodes
+    environment = getattr(getattr(cfg.features, "multiturn", None), "environment", "none")
+    if mode == R3 and environment != "none":
         return (f"features.router_replay.mode=R3 records the routing of one generation per "
-                f"sample; rollout.environment={rollout.environment!r} generates an episode in "
-                f"several turns with the environment's tokens between them. Use mode=R2 "
-                f"(recorded by the trainer on the episode's ids), or rollout.environment=none")
+                f"sample; features.multiturn.environment={environment!r} generates an episode "
+                f"in several turns with the environment's tokens between them. Use mode=R2 "
+                f"(recorded by the trainer on the episode's ids), or "
+                f"features.multiturn.environment=none")
     return None

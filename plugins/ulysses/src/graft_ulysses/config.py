@@ -27,11 +27,12 @@ def sp_size(cfg: Any) -> int:
 def run_conflict(cfg: Any) -> str | None:
     """Why this run's settings cannot be served with ``sp_size`` > 1, or None."""
     size = sp_size(cfg)
-    environment = getattr(cfg.rollout, "environment", None)
+    # graft-multiturn's episodes
+    environment = getattr(getattr(cfg.features, "multiturn", None), "environment", None)
     if cfg.trainer.mode == "rl" and environment not in (None, "", "none"):
-        return (f"features.ulysses.sp_size={size} with rollout.environment={environment!r} is "
-                f"not supported: the sp ranks of one data shard must train on one set of "
-                f"episodes and environments keep per-rank state; set "
+        return (f"features.ulysses.sp_size={size} with features.multiturn.environment="
+                f"{environment!r} is not supported: the sp ranks of one data shard must train "
+                f"on one set of episodes and environments keep per-rank state; set "
                 f"features.ulysses.sp_size=1 or drop the environment")
     if getattr(getattr(cfg.features, "exact", None), "enabled", False):  # graft-exact's
         return (f"features.ulysses.sp_size={size} with features.exact.enabled=true is not "

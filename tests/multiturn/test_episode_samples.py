@@ -68,7 +68,7 @@ def test_the_prompt_is_what_reset_returned_and_the_turns_are_the_episodes(
     held_out = tmp_path / "val.jsonl"
     held_out.write_text("".join(f'{{"prompt": "say {w}:", "answer": "abab"}}\n' for w in "ab"))
     Rephrases.episodes = []
-    trainer, records = run(tmp_path / "run", "rollout.environment=rephrases",
+    trainer, records = run(tmp_path / "run", "features.multiturn.environment=rephrases",
                            f"data.val_path={held_out}", "trainer.val_every_steps=1")
     tokenizer = trainer.tokenizer
     assert [(r["step"], r["split"]) for r in records] == [
@@ -89,7 +89,7 @@ def test_the_prompt_is_what_reset_returned_and_the_turns_are_the_episodes(
 
 def test_reset_returning_none_logs_the_loaders_prompt(graft_plugin, tmp_path: Path) -> None:
     graft_plugin(Plugin(), name="rephrases")
-    trainer, records = run(tmp_path, "rollout.environment=keeps-the-prompt")
+    trainer, records = run(tmp_path, "features.multiturn.environment=keeps-the-prompt")
     loader_prompts = {trainer.tokenizer.decode(ids, skip_special_tokens=False)
                       for ids in trainer.job.prompts}
     assert len(records) == 4 and all(r["prompt"] in loader_prompts for r in records)

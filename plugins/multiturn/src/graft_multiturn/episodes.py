@@ -3,17 +3,17 @@
 One token sequence per episode (token in, token out): the prompt from `Environment.reset`, then
 each turn the engine generates from the whole sequence so far and its tokens are appended as
 generated, then the environment's answer is appended as rendered
-(`graft.rollout.observations`). A loss mask marks the model's tokens; the engine's log-probs
+(`graft_multiturn.observations`). A loss mask marks the model's tokens; the engine's log-probs
 are kept for them (0 under the environment's tokens, which the mask excludes). Every active
 episode of a rank generates its turn in one batch; with several ranks every rank runs as many
 turns as the busiest (the embedded engine's decode steps are collectives, the vLLM engine
-gathers every rank's prompts on rank 0). Any `graft.rollout.types.RolloutEngine` serves: a turn
-is one ``generate`` of token ids.
+gathers every rank's prompts on rank 0). Any `graft.rollout.RolloutEngine` serves: a turn is
+one ``generate`` of token ids.
 
 An episode an environment call ended is logged: the first `SHOWN_FAILURES` of each run one line
 each (with the traceback under ``GRAFT_DEBUG=1``), the rest in one line with their count. A
 training step whose every episode ended in an environment error is a warning, and
-``rollout.max_failed_env_steps`` such steps in a row stop the run (`EpisodeRunner.check_failures`).
+``features.multiturn.max_failed_env_steps`` such steps in a row stop the run (`EpisodeRunner.check_failures`).
 """
 
 from __future__ import annotations
@@ -29,21 +29,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from graft.errors import PluginError
-from graft.rollout.env_calls import EnvFailure, call_all, checked_step
-from graft.rollout.observations import MalformedObservation, observation_ids
-from graft.rollout.types import RolloutEngine, RolloutSample, SamplingSpec
+from graft.plugins import call_with_keywords
+from graft.rollout import RolloutEngine, RolloutSample, SamplingSpec
+from graft_multiturn.env_calls import EnvFailure, call_all, checked_step
+from graft_multiturn.observations import MalformedObservation, observation_ids
 
 if TYPE_CHECKING:
-    from graft.config.schema import GraftConfig
+    from graft.config import GraftConfig
 
-logger = logging.getLogger("graft.rollout")
+logger = logging.getLogger("graft.rollout")  # the core's rollout logger (its console lines)
 SHOWN_FAILURES = 3  # failed episodes of a run logged one line each; the rest are counted
 
 
 @dataclass(frozen=True)
 class EpisodeLimits:
-    """``rollout.max_turns`` model turns, ``rollout.max_episode_tokens`` tokens after the
-    prompt (model and environment), ``rollout.env_timeout_s`` seconds per environment call."""
+    """``features.multiturn``'s ``max_turns`` model turns, ``max_episode_tokens`` tokens after
+    the prompt (model and environment), ``env_timeout_s`` seconds per environment call."""
 
     max_turns: int
     max_episode_tokens: int
@@ -122,8 +123,6 @@ class EpisodeRunner:
     def __init__(self, factory: Any, *, tokenizer: Any, limits: EpisodeLimits,
                  cfg: GraftConfig | None = None, active_episodes: Any = None,
                  sum_over_ranks: Any = None, ranks: int = 1) -> None:
-        from graft.plugins.keywords import call_with_keywords
-
         self.make = lambda: call_with_keywords(factory, cfg=cfg, tokenizer=tokenizer)
         self.cfg = cfg
         self.tokenizer = tokenizer
@@ -135,7 +134,7 @@ class EpisodeRunner:
         self.sum_over_ranks = sum_over_ranks or (lambda totals: totals)
         self.ranks = ranks
         self.env_s = 0.0
-        self.name = getattr(getattr(cfg, "rollout", None), "environment", "") or "in use"
+        self.name = getattr(_section(cfg), "environment", "") or "in use"
         # training steps in a row whose every episode ended in an environment error
         self.failed_steps = 0
         self.first_error = ""  # the first environment error of the last run on this rank
@@ -277,25 +276,27 @@ class EpisodeRunner:
     def check_failures(self, batch: EpisodeBatch) -> None:
         """After a training step's episodes (every rank, on metrics summed over the ranks):
         warn when every episode ended in an environment error; after
-        ``rollout.max_failed_env_steps`` such steps in a row (0: never), a `PluginError`."""
+        ``features.multiturn.max_failed_env_steps`` such steps in a row (0: never), a
+        `PluginError`."""
         if batch.metrics.get("rollout/env_error_fraction", 0.0) < 1.0:
             self.failed_steps = 0
             return
         self.failed_steps += 1
-        limit = getattr(getattr(self.cfg, "rollout", None), "max_failed_env_steps", 0) or 0
+        limit = getattr(_section(self.cfg), "max_failed_env_steps", 0) or 0
         where = f"; the first on this rank {self.first_error}" if self.first_error else ""
         if limit and self.failed_steps >= limit:
             raise PluginError(
                 f"every episode of the last {self.failed_steps} steps ended in an error of the "
                 f"environment {self.name!r} (reward 0 for all: nothing to learn{where}); fix the "
                 f"environment (GRAFT_DEBUG=1 shows its tracebacks), or set "
-                f"rollout.max_failed_env_steps=0 to train on")
+                f"features.multiturn.max_failed_env_steps=0 to train on")
         if _is_main():
             logger.warning(
                 "warning: every episode of this step ended in an error of the environment %r "
                 "(reward 0 for all: nothing to learn%s); %s", self.name, where,
-                f"the run stops after {limit} such steps in a row (rollout.max_failed_env_steps)"
-                if limit else "rollout.max_failed_env_steps=0: the run goes on")
+                f"the run stops after {limit} such steps in a row "
+                f"(features.multiturn.max_failed_env_steps)"
+                if limit else "features.multiturn.max_failed_env_steps=0: the run goes on")
 
     def _metrics(self, episodes: list[Episode]) -> dict[str, float]:
         """Means over every rank's episodes, counts summed over the ranks, the share of them
@@ -314,6 +315,11 @@ class EpisodeRunner:
 
 
 KIND_NAMES = {"error": "environment errors", "malformed_action": "malformed actions"}
+
+
+def _section(cfg: GraftConfig | None) -> Any:
+    """``features.multiturn`` of the root config (None without one: tests)."""
+    return getattr(getattr(cfg, "features", None), "multiturn", None)
 
 
 def _is_main() -> bool:

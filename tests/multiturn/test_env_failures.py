@@ -1,6 +1,7 @@
 """Environment failures on the console: a few lines per run and a count for the rest, the
 traceback under GRAFT_DEBUG=1, a warning for a step whose every episode failed, and a stop
-after ``rollout.max_failed_env_steps`` such steps in a row (a tiny Llama on CPU)."""
+after ``features.multiturn.max_failed_env_steps`` such steps in a row (a tiny Llama on
+CPU)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from graft_multiturn.episodes import SHOWN_FAILURES, EpisodeLimits, EpisodeRunner
 
 from graft import hookimpl
 from graft.config import compose
 from graft.errors import PluginError
 from graft.rollout import SamplingSpec
-from graft.rollout.episodes import SHOWN_FAILURES, EpisodeLimits, EpisodeRunner
 from graft.training.trainer import Trainer
 
 RUN = ("engine.device=cpu", "model.preset=tiny-llama", "rollout.prompts_per_step=2",
@@ -105,7 +106,7 @@ def test_graft_debug_shows_where_a_call_past_its_deadline_was(engine_and_tokeniz
     caplog.set_level(logging.INFO, logger="graft.rollout")
     run_episodes(engine_and_tokenizer, Hangs, count=1, timeout_s=0.3)
     (line,) = failure_lines(caplog)
-    assert "took longer than rollout.env_timeout_s=0.3" in line
+    assert "took longer than features.multiturn.env_timeout_s=0.3" in line
     assert "in step" in line and "time.sleep(2)" in line
 
 
@@ -125,16 +126,18 @@ def test_a_run_whose_episodes_all_fail_warns_each_step_then_stops(graft_plugin, 
     caplog.set_level(logging.WARNING, logger="graft.rollout")
     with pytest.raises(PluginError, match=r"every episode of the last 2 steps ended in an error "
                        r"of the environment 'crashes'.*RuntimeError: tool crashed.*"
-                       r"rollout.max_failed_env_steps=0"):
-        fit(tmp_path / "stops", "rollout.environment=crashes", "trainer.total_steps=5",
-            "rollout.max_failed_env_steps=2")
+                       r"features.multiturn.max_failed_env_steps=0"):
+        fit(tmp_path / "stops", "features.multiturn.environment=crashes",
+            "trainer.total_steps=5",
+            "features.multiturn.max_failed_env_steps=2")
     warnings = [line for line in failure_lines(caplog) if line.startswith("warning:")]
     assert len(warnings) == 1 and "every episode of this step" in warnings[0]
     assert "stops after 2 such steps in a row" in warnings[0]
 
     caplog.clear()
-    rows = fit(tmp_path / "goes-on", "rollout.environment=crashes", "trainer.total_steps=3",
-               "rollout.max_failed_env_steps=0")
+    rows = fit(tmp_path / "goes-on", "features.multiturn.environment=crashes",
+               "trainer.total_steps=3",
+               "features.multiturn.max_failed_env_steps=0")
     assert [row["rollout/env_error_fraction"] for row in rows] == [1.0, 1.0, 1.0]
     assert len([line for line in failure_lines(caplog) if line.startswith("warning:")]) == 3
 
@@ -144,7 +147,8 @@ def test_a_step_with_some_episodes_left_is_not_a_failed_step(graft_plugin, tmp_p
     graft_plugin(BrokenToolPlugin(), name="broken-tool")
     caplog.set_level(logging.WARNING, logger="graft.rollout")
     CrashesOnOddEpisodes.built = 0
-    rows = fit(tmp_path, "rollout.environment=crashes-half", "trainer.total_steps=3",
-               "rollout.max_failed_env_steps=1")
+    rows = fit(tmp_path, "features.multiturn.environment=crashes-half",
+               "trainer.total_steps=3",
+               "features.multiturn.max_failed_env_steps=1")
     assert [row["rollout/env_error_fraction"] for row in rows] == [0.5, 0.5, 0.5]
     assert not [line for line in failure_lines(caplog) if line.startswith("warning:")]

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from graft_multiturn import MalformedAction
+from graft_multiturn.episodes import EpisodeLimits, EpisodeRunner
 
 from graft import hookimpl
 from graft.config import compose
 from graft.errors import ConfigError
-from graft.rollout import MalformedAction, SamplingSpec
-from graft.rollout.episodes import EpisodeLimits, EpisodeRunner
+from graft.rollout import SamplingSpec
 from graft.training.trainer import Trainer
 
 RUN = ("engine.device=cpu", "model.preset=tiny-llama", "rollout.prompts_per_step=2",
@@ -89,9 +90,10 @@ def fit(tmp_path: Path, *overrides: str) -> tuple[Trainer, list[dict]]:
 
 def test_hook_graft_environments_adds_a_selectable_environment(graft_plugin) -> None:
     graft_plugin(ToolboxPlugin(), name="toolbox")
-    assert compose(["rollout.environment=toolbox"]).rollout.environment == "toolbox"
-    with pytest.raises(ConfigError, match=r"rollout.environment.*toolbox"):
-        compose(["rollout.environment=toolbx"])
+    cfg = compose(["features.multiturn.environment=toolbox"])
+    assert cfg.features.multiturn.environment == "toolbox"
+    with pytest.raises(ConfigError, match=r"features.multiturn.environment.*toolbox"):
+        compose(["features.multiturn.environment=toolbx"])
 
 
 def test_the_trainer_sees_the_generated_and_the_environments_ids_unchanged(
@@ -105,7 +107,8 @@ def check_ids_unchanged(graft_plugin, tmp_path: Path, engine: str) -> None:
     recorder = Recorder()
     graft_plugin(recorder, name="recorder")
     Toolbox.log = []
-    trainer, (metrics,) = fit(tmp_path, "rollout.environment=toolbox", f"rollout.engine={engine}",
+    trainer, (metrics,) = fit(tmp_path, "features.multiturn.environment=toolbox",
+                              f"rollout.engine={engine}",
                               "loss.policy_loss=tokens-trained-on", "loss.loss_agg_mode=token-sum")
     assert len(Toolbox.log) == 4 and len(recorder.inputs) == 4
     prompts = {tuple(ids) for ids in trainer.job.prompts}
@@ -129,7 +132,8 @@ def check_ids_unchanged(graft_plugin, tmp_path: Path, engine: str) -> None:
 
 
 class OneTurn:
-    """A single turn, scored by the configured reward: what rollout.environment=none does."""
+    """A single turn, scored by the configured reward: what features.multiturn.environment=none
+    does."""
 
     def reset(self, sample):
         return None
@@ -149,7 +153,8 @@ def test_a_one_turn_environment_trains_bit_identically_to_no_environment(
     keys = ("loss", "grad_norm", "reward_mean", "response_length", "entropy", "tokens")
     _, plain = fit(tmp_path / "plain", "trainer.total_steps=2")
     _, episodes = fit(tmp_path / "episodes", "trainer.total_steps=2",
-                      "rollout.environment=one-turn", "rollout.max_turns=1")
+                      "features.multiturn.environment=one-turn",
+                      "features.multiturn.max_turns=1")
     for a, b in zip(plain, episodes, strict=True):
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
 
@@ -269,8 +274,9 @@ def test_messages_are_rendered_alone_so_a_rewriting_template_cannot_change_earli
 ) -> None:
     import copy
 
+    from graft_multiturn.observations import observation_ids
+
     from graft.data.tokenizer import builtin_tokenizer
-    from graft.rollout.observations import observation_ids
 
     tokenizer = copy.deepcopy(builtin_tokenizer())
     # not append-only: every message but the last is shortened to its first letter
@@ -289,7 +295,8 @@ def test_validation_runs_episodes_too(graft_plugin, tmp_path: Path) -> None:
     held_out = tmp_path / "val.jsonl"
     held_out.write_text("".join(f'{{"prompt": "say {w}:", "answer": "abab"}}\n' for w in "ab"))
     Toolbox.log = []
-    _, rows = fit(tmp_path, "rollout.environment=toolbox", f"data.val_path={held_out}",
+    _, rows = fit(tmp_path, "features.multiturn.environment=toolbox",
+                  f"data.val_path={held_out}",
                   "trainer.val_every_steps=1", "val.n=2")
     validated = [row["val/reward_mean"] for row in rows if "val/reward_mean" in row]
     assert validated == [0.75, 0.75]  # the environment's 0.25 + 0.5: three turns each
@@ -309,7 +316,7 @@ def check_two_ranks(tmp_path: Path, engine: str) -> None:
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "episodes_two_ranks.py"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "episodes_two_ranks.py"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node=2", str(script), str(tmp_path), engine],
                           capture_output=True, text=True, timeout=120 if engine == "embedded"

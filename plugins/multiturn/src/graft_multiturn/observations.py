@@ -1,4 +1,5 @@
-"""An environment's observation as token ids (`graft.rollout.environment` says what it may be).
+"""An environment's observation as token ids (`graft_multiturn.environment` says what it may
+be).
 
 Only the observation itself is tokenised, never the sequence it is appended to: the episode's
 earlier tokens stay exactly as they were generated or rendered.

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from graft.rollout.environment import MalformedAction
+from graft_multiturn.environment import MalformedAction
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class EnvCall:
         if self.thread.is_alive():
             frame = sys._current_frames().get(self.thread.ident)
             where = "".join(traceback.format_stack(frame)) if frame is not None else ""
-            return EnvFailure("error", f"took longer than rollout.env_timeout_s={timeout_s:g}",
+            return EnvFailure("error", f"took longer than features.multiturn.env_timeout_s={timeout_s:g}",
                               f"the call was here when its time ran out:\n{where}")
         return self.box.get("failure", self.box.get("value"))
 

@@ -1,9 +1,11 @@
-"""What a multi-turn environment is: the protocol plugins implement (``graft_environments``).
+"""What a multi-turn environment is: the protocol environment plugins implement (the core's
+``graft_environments`` registry, which graft-multiturn consumes).
 
 An episode is one token sequence: the prompt (`Environment.reset`), then turns of model tokens
 (kept exactly as the engine generated them) each answered by the environment's tokens
 (`Environment.step`), until the environment says it is done or a limit ends it
-(``rollout.max_turns``, ``rollout.max_episode_tokens``). Only model tokens are trained on.
+(``features.multiturn.max_turns``, ``features.multiturn.max_episode_tokens``). Only model
+tokens are trained on.
 
 An observation is one of:
 
@@ -18,7 +20,7 @@ Nothing already in the sequence is ever decoded and tokenised again, so a chat t
 is not append-only cannot change earlier tokens.
 
 Both methods may be ``async def`` (the runner awaits them in a worker thread). Each call has
-``rollout.env_timeout_s`` seconds; an environment that raises, runs past that, or returns
+``features.multiturn.env_timeout_s`` seconds; an environment that raises, runs past that, or returns
 something malformed ends its episode with reward 0 (counted in ``rollout/env_errors``), never
 the run. An environment raises `MalformedAction` when the model's action cannot be carried out
 (an unparseable tool call): the episode ends with reward 0, counted in
