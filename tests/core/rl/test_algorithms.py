@@ -11,8 +11,8 @@ from graft import hookimpl
 from graft.config import compose
 from graft.data.tasks import TextSample, positional_match_reward
 from graft.errors import ConfigError
+from graft.losses.policy import kl_penalty
 from graft.rl.advantages import AdvantageEstimator, advantage_estimators, compute_advantages
-from graft.rl.kl import kl_penalty
 from graft.rl.rewards import resolve_reward, reward_names
 
 

@@ -24,15 +24,16 @@ from graft.data.dataset import load_prompts, load_validation_prompts
 from graft.data.sampler import EpochSampler
 from graft.engine.batch.micro_batch import MicroBatch, TokenSample
 from graft.engine.distributed.env import DistEnv, all_reduce, share_within_sp
+from graft.engine.distributed.parallelize import build_parallel_model
 from graft.engine.phase import OLD_LOGPROBS, REF_LOGPROBS, ROLLOUT_LOGPROBS
 from graft.engine.train_engine import LossFn, TrainEngine
 from graft.losses.aggregation import loss_scale_factor
 from graft.losses.contract import is_token_separable, token_separable
+from graft.losses.policy import kl_penalty
 from graft.losses.registry import policy_losses
 from graft.plugins import get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
 from graft.rl.advantages import advantage_estimators, compute_advantages
-from graft.rl.kl import kl_penalty
 from graft.rl.rewards import RewardScorer
 from graft.rl.validation import Validator
 from graft.rollout.types import EpisodeBatch, EpisodeRunner, RolloutEngine, RolloutSample, SamplingSpec
@@ -116,8 +117,7 @@ class RLJob:
 
     def attach(self, engine: TrainEngine, run_dir: Path) -> None:
         """Start the rollout engine (and the frozen reference for the KL penalty)."""
-        from graft.rl.setup import build_reference
-        from graft.rollout.registry import build_rollout
+        from graft.rollout.builtin import build_rollout
 
         self.rollout = build_rollout(cfg=self.cfg, engine=engine, env=self.env, run_dir=run_dir,
                                      tokenizer=self.tokenizer)
@@ -369,3 +369,12 @@ def _validator(tokenizer: Any, env: DistEnv, *, cfg: GraftConfig) -> Validator |
         return None
     return Validator(load_validation_prompts(cfg.data, tokenizer), env, val=cfg.val,
                      trainer=cfg.trainer, rollout=cfg.rollout)
+
+
+def build_reference(env: DistEnv, engine: TrainEngine, *, cfg: GraftConfig) -> TrainEngine:
+    """A frozen copy of the initial policy (same seed, or the same checkpoint directory),
+    sharded like the policy (``graft_pre_shard`` sees ``role="reference"``), for the KL
+    penalty; it has no optimizer. ``cfg`` is the root config, as for the policy."""
+    model, family = build_parallel_model(env, cfg=cfg, role="reference")
+    return TrainEngine(model, family, None, None, env, cfg, engine.compute_dtype,
+                       engine.pad_token_id)
