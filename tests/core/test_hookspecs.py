@@ -63,6 +63,8 @@ def test_hook_specs_are_the_design_table() -> None:
         # added so a plugin makes an RL step's samples in place of one generate per prompt
         # (graft-multiturn's episodes, #37)
         "graft_episode_runner",
+        # added so a plugin adds an off-policy correction of the policy loss (#38)
+        "graft_rollout_corrections",
     }
 
 

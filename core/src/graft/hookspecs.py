@@ -139,8 +139,8 @@ def graft_config_choices() -> dict[str, Any]:
     When: each time a config is validated, for every `choice` field that names a registry (its
     value is checked against the registry's names). Who: the core's packages (``model_presets``,
     ``policy_losses``, ``loss_agg_modes``, ``rewards``, ``advantage_estimators``,
-    ``trainer_modes``, ``rollout_engines``, ``environments``) and a plugin whose own section
-    has a choice of its own registry; every rank.
+    ``rollout_corrections``, ``trainer_modes``, ``rollout_engines``, ``environments``) and a
+    plugin whose own section has a choice of its own registry; every rank.
 
     Return ``{registry: names}`` where ``names(*, manager)`` returns the names the registry holds
     with the plugins of ``manager`` (cheap: no torch import); or ``{registry: (names, hint)}``,
@@ -201,6 +201,23 @@ def graft_advantage_estimators() -> dict[str, Any]:
     root config, and returns one advantage per sample ``(N,)``. The core provides ``grpo`` and
     ``rloo``; two providers of one name is an error. Must not mutate anything.
     Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_rollout_corrections() -> dict[str, Any]:
+    """Declare off-policy corrections, selectable with ``algorithm.rollout_correction=<name>``.
+
+    When: once per process, when the config is validated and when an RL run starts. Who:
+    plugins adding a correction of the train-inference mismatch or policy lag; every rank.
+
+    Return ``{name: fn}``; ``fn(*, old_logp, rollout_logp, mask, cfg, root_cfg)`` (any subset)
+    gets ``(num_sequences, max_len)`` fp32 tensors (the trainer's old log-probs, the rollout's
+    and the loss mask), ``cfg`` = ``cfg.algorithm`` and the root config, and returns the
+    per-token weights in that shape; the core multiplies the policy loss by them (detached; a
+    non-finite weight becomes 0 and is counted). The core provides ``tis``, ``mis``,
+    ``seq_mis`` and ``icepop`` (README.md's RL section); two providers of one name is an error.
+    Must not mutate anything. Not ``firstresult``.
     """
 
 

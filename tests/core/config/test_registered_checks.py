@@ -69,7 +69,7 @@ def test_hook_graft_config_choices_checks_a_plugin_registry() -> None:
 def test_the_core_packages_declare_their_registries() -> None:
     assert set(registries(manager_with())) == {
         "model_presets", "policy_losses", "loss_agg_modes", "rewards", "advantage_estimators",
-        "rollout_engines", "environments", "trainer_modes"}
+        "rollout_engines", "environments", "trainer_modes", "rollout_corrections"}
 
 
 def test_one_registry_from_two_plugins_is_refused() -> None:

@@ -3,7 +3,7 @@ plugins of a run when the config is validated.
 
 Each package declares the registries it owns through ``graft_config_choices`` (graft.models:
 ``model_presets``; graft.losses: ``policy_losses``, ``loss_agg_modes``; graft.rl: ``rewards``,
-``advantage_estimators``; graft.rollout: ``rollout_engines``, ``environments``;
+``advantage_estimators``, ``rollout_corrections``; graft.rollout: ``rollout_engines``, ``environments``;
 graft.training: ``trainer_modes``), as can a plugin. Their names are looked up without
 importing torch, so ``graft config show|check`` stays fast.
 """

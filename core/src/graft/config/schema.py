@@ -20,7 +20,8 @@ def choice(default: str, choices: Sequence[str] = (), *, registry: str | None = 
     """A string field whose value must be one of ``choices`` or a name in ``registry``.
 
     ``registry`` names a registry plugins extend (``model_presets``, ``policy_losses``,
-    ``loss_agg_modes``, ``rewards``, ``advantage_estimators``, ``rollout_engines``,
+    ``loss_agg_modes``, ``rewards``, ``advantage_estimators``, ``rollout_corrections``,
+    ``rollout_engines``,
     ``environments``, ``trainer_modes``: `graft.config.registries`); its names are looked up
     when the config is validated, with the plugins of that run, and join the fixed
     ``choices``.
@@ -307,8 +308,19 @@ class AlgorithmConfig:
     # Recompute the old log-probs with the trainer: auto = only when the step updates more than
     # once (with one update they equal the update's own: ratio 1 by construction); always =
     # every step (a plugin that records in the old-log-prob pass, or to measure the mismatch
-    # in a pass of its own).
+    # in a pass of its own). With a rollout_correction, auto recomputes them too.
     old_logprobs: str = choice("auto", ("auto", "always"))
+    # Off-policy correction of the policy loss by r = exp(old - rollout log-prob) per token
+    # (graft.rl.corrections): none; tis = min(r, cap); mis = r, or 0 where r > cap; seq_mis =
+    # the sequence's exp(sum of old - rollout) on its tokens, or 0 on all of them above cap;
+    # icepop = r inside [icepop_low, icepop_high], else 0; or a plugin's
+    # (graft_rollout_corrections). Metrics under rollout_correction/.
+    rollout_correction: str = choice("none", ("none",), registry="rollout_corrections")
+    # tis's truncation and mis / seq_mis's mask threshold (the largest weight kept).
+    rollout_correction_cap: float = bounded(2.0, gt=0.0)
+    # icepop: tokens whose ratio is outside [icepop_low, icepop_high] get weight 0.
+    icepop_low: float = bounded(0.5, ge=0.0)
+    icepop_high: float = bounded(5.0, gt=0.0)
 
 
 @dataclass

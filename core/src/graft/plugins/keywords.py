@@ -50,6 +50,8 @@ REGISTRY_CALLS: dict[str, RegistryCall] = {
     "graft_advantage_estimators": RegistryCall("advantage estimator",
                                                ("rewards", "group_size", "cfg"),
                                                attribute="compute"),
+    "graft_rollout_corrections": RegistryCall(
+        "rollout correction", ("old_logp", "rollout_logp", "mask", "cfg", "root_cfg")),
     "graft_rollout_engines": RegistryCall("rollout engine",
                                           ("cfg", "engine", "env", "run_dir", "tokenizer")),
     "graft_trainer_modes": RegistryCall("trainer mode", ("cfg", "tokenizer", "env")),

@@ -4,10 +4,14 @@ loads when an estimator runs)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from graft.errors import ConfigError
 from graft.hookspecs import hookimpl
 from graft.plugins.registry import registry_names
+
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
 
 
 def rl_job_class() -> type:
@@ -28,18 +32,36 @@ def graft_trainer_modes() -> dict[str, Any]:
 
 @hookimpl
 def graft_config_choices() -> dict[str, Any]:
-    """``rewards`` and ``advantage_estimators``."""
+    """``rewards``, ``advantage_estimators`` and ``rollout_corrections``."""
     return {"rewards": registry_names("graft_reward_functions", "reward"),
             "advantage_estimators": registry_names("graft_advantage_estimators",
-                                                   "advantage estimator")}
+                                                   "advantage estimator"),
+            "rollout_corrections": registry_names("graft_rollout_corrections",
+                                                  "rollout correction")}
 
 
 @hookimpl
 def graft_config_rules() -> list[Any]:
-    """Group estimators need groups (`graft.rl.advantages.group_estimator_needs_groups`)."""
+    """Group estimators need groups (`graft.rl.advantages.group_estimator_needs_groups`); a
+    rollout correction's settings must agree (`check_rollout_correction`)."""
     from graft.rl.advantages import group_estimator_needs_groups
 
-    return [group_estimator_needs_groups]
+    return [group_estimator_needs_groups, check_rollout_correction]
+
+
+def check_rollout_correction(*, cfg: GraftConfig) -> None:
+    """`ConfigError` for an empty IcePop range (``algorithm.icepop_low >= icepop_high``), and
+    for ``algorithm.rollout_correction`` with GSPO's own rollout weights
+    (``loss.gspo_rollout_is``): the loss would be weighted twice."""
+    algorithm = cfg.algorithm
+    if algorithm.rollout_correction == "icepop" and algorithm.icepop_low >= algorithm.icepop_high:
+        raise ConfigError(f"algorithm.icepop_low={algorithm.icepop_low} must be below "
+                          f"algorithm.icepop_high={algorithm.icepop_high} (every token would be "
+                          f"masked)")
+    if algorithm.rollout_correction != "none" and cfg.loss.gspo_rollout_is != "none":
+        raise ConfigError(f"algorithm.rollout_correction={algorithm.rollout_correction} and "
+                          f"loss.gspo_rollout_is={cfg.loss.gspo_rollout_is} both weight the loss "
+                          f"by the rollout's importance ratio; set one of them to none")
 
 
 @hookimpl
@@ -58,3 +80,11 @@ def graft_advantage_estimators() -> dict[str, Any]:
 
     return {"grpo": AdvantageEstimator(grpo, min_group_size=2),
             "rloo": AdvantageEstimator(rloo, min_group_size=2)}
+
+
+@hookimpl
+def graft_rollout_corrections() -> dict[str, Any]:
+    """``tis``, ``mis``, ``seq_mis`` and ``icepop`` (`graft.rl.corrections`)."""
+    from graft.rl.corrections import icepop, mis, seq_mis, tis
+
+    return {"tis": tis, "mis": mis, "seq_mis": seq_mis, "icepop": icepop}

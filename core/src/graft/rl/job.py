@@ -2,11 +2,14 @@
 
 Each rank takes its share of the step's prompts, generates ``rollout.n`` samples per prompt, and
 trains on them with the configured policy loss and ``loss.loss_agg_mode`` (normalisers global
-over each mini-batch). The old log-probs are recomputed only when the step updates more than
-once (``algorithm.ppo_epochs`` x ``algorithm.mini_batches`` > 1): with a single update they equal
-the update's own (the ratio is 1 by construction). After the update the rollout engine receives
-the new weights. With a held-out set the job validates (`graft.rl.validation`) and it writes a
-few of each step's generations to ``samples.jsonl`` (`graft.training.samples`), in `after_step`.
+over each mini-batch). The old log-probs are recomputed when the step updates more than once
+(``algorithm.ppo_epochs`` x ``algorithm.mini_batches`` > 1; with a single update they equal the
+update's own: the ratio is 1 by construction) and with an off-policy correction
+(``algorithm.rollout_correction``, `graft.rl.corrections`), which weights each token's policy
+loss by the ratio of the old log-probs to the rollout's. After the update the rollout engine
+receives the new weights. With a held-out set the job validates (`graft.rl.validation`) and it
+writes a few of each step's generations to ``samples.jsonl`` (`graft.training.samples`), in
+`after_step`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from graft.losses.registry import policy_losses
 from graft.plugins import get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
 from graft.rl.advantages import advantage_estimators, compute_advantages
+from graft.rl.corrections import WEIGHTS, apply_correction, rollout_corrections
 from graft.rl.rewards import RewardScorer
 from graft.rl.validation import Validator
 from graft.rollout.types import EpisodeBatch, EpisodeRunner, RolloutEngine, RolloutSample, SamplingSpec
@@ -56,10 +60,12 @@ def rl_loss(*, cfg: GraftConfig, on_policy: bool = False) -> LossFn:
     as ``cfg`` and the whole as ``root_cfg``.
 
     ``on_policy``: no old log-probs were recomputed; they are the update's own (detached), and
-    the train-inference mismatch is measured here instead.
+    the train-inference mismatch is measured here instead. With ``algorithm.rollout_correction``
+    the policy loss is multiplied by the step's weights (`graft.rl.corrections`).
     """
     loss_cfg = cfg.loss
     policy = policy_losses()[loss_cfg.policy_loss]
+    corrected = cfg.algorithm.rollout_correction != "none"
 
     def loss_fn(logp: torch.Tensor, tensors: Mapping[str, torch.Tensor],
                 mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -67,6 +73,8 @@ def rl_loss(*, cfg: GraftConfig, on_policy: bool = False) -> LossFn:
         loss, metrics = call_with_keywords(policy, logp=logp, old_logp=old,
                                            advantages=tensors["advantages"], mask=mask,
                                            cfg=loss_cfg, root_cfg=cfg, tensors=tensors)
+        if corrected:
+            loss = loss * tensors[WEIGHTS]
         if on_policy:
             rollout = tensors["rollout_logprobs"]
             metrics = {**metrics, MISMATCH: (old - rollout).abs(),
@@ -107,6 +115,8 @@ class RLJob:
         self.sample_log = SampleLog(Path("."), enabled=False)  # the run's own from `attach`
         self._records: list[dict[str, Any]] = []  # this step's, for samples.jsonl
         self.estimator = advantage_estimators()[cfg.algorithm.advantage]
+        correction = cfg.algorithm.rollout_correction
+        self.correction = None if correction == "none" else rollout_corrections()[correction]
         self.spec = SamplingSpec(cfg.rollout.temperature, cfg.rollout.top_p,
                                  cfg.rollout.max_new_tokens)
         self.rollout: RolloutEngine | None = None
@@ -157,7 +167,10 @@ class RLJob:
         advantages = compute_advantages(self.estimator, rewards, group_size=n, cfg=self.cfg)
         started = time.perf_counter()
         batches = self._micro_batches(engine, samples, advantages)
-        on_policy = self._updates(batches) == 1 and self.cfg.algorithm.old_logprobs == "auto"
+        algorithm = self.cfg.algorithm
+        # a correction weighs by the trainer's old log-probs: they are recomputed
+        on_policy = (self._updates(batches) == 1 and algorithm.old_logprobs == "auto"
+                     and algorithm.rollout_correction == "none")
         mismatch = self._add_logprobs(engine, batches, samples, on_policy=on_policy)
         metrics = {**self._update(engine, batches, on_policy=on_policy), **mismatch}
         update_s = time.perf_counter() - started
@@ -243,9 +256,10 @@ class RLJob:
 
         The engine's log-probs when it gave none (phase ``rollout_logprobs``); the old log-probs
         unless the step is on-policy (phase ``old_logprobs``), with the train-inference
-        mismatch; the reference's for the KL penalty (phase ``ref_logprobs``). The grids are
-        stored as they come (pad positions hold real log-probs, not 0): the loss reads them
-        through ``to_sequences``, which zeroes the pad.
+        mismatch and the correction's weights (`graft.rl.corrections.apply_correction`); the
+        reference's for the KL penalty (phase ``ref_logprobs``). The grids are stored as they
+        come (pad positions hold real log-probs, not 0): the loss reads them through
+        ``to_sequences``, which zeroes the pad.
         """
         if not all(s.logprobs is not None for s in samples):
             for batch, logp in zip(batches, engine.logprobs(batches, phase=ROLLOUT_LOGPROBS),
@@ -257,6 +271,9 @@ class RLJob:
             for batch, old in zip(batches, olds, strict=True):
                 batch.tensors["old_logprobs"] = old
             mismatch = self._mismatch(batches)
+            if self.correction is not None:
+                mismatch.update(apply_correction(batches, self.correction, self.env,
+                                                 cfg=self.cfg))
         if self.reference is not None:
             for batch, ref in zip(batches, self.reference.logprobs(batches, phase=REF_LOGPROBS),
                                   strict=True):
