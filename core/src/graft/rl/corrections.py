@@ -24,18 +24,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
-
-from graft.engine.distributed.env import DistEnv, all_reduce
 from graft.plugins import GraftPluginManager, get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
 from graft.plugins.registry import collect_named
-from graft.training.metrics import console_print
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch loads when a correction runs: the registry is read by every command
+    import torch
+
     from graft.config.schema import AlgorithmConfig, GraftConfig
     from graft.engine.batch.micro_batch import MicroBatch
+    from graft.engine.distributed.env import DistEnv
 
 WEIGHTS = "rollout_is_weights"  # the micro-batch tensor the loss multiplies by
 PREFIX = "rollout_correction/"
@@ -45,6 +43,8 @@ LOG_RATIO_CLAMP = 20.0  # exp(20) is finite in fp32; a NaN stays NaN
 def log_ratio(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
               mask: torch.Tensor) -> torch.Tensor:
     """``old - rollout`` per token, clamped to +-20, 0 off the mask (pad and prompt)."""
+    import torch
+
     diff = (old_logp - rollout_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return torch.where(mask != 0, diff, 0.0)
 
@@ -58,6 +58,8 @@ def tis(*, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tenso
 def mis(*, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
         cfg: AlgorithmConfig) -> torch.Tensor:
     """Token-level masked IS: the ratio, or 0 where it is above ``rollout_correction_cap``."""
+    import torch
+
     ratio = log_ratio(old_logp, rollout_logp, mask).exp()
     return torch.where(ratio <= cfg.rollout_correction_cap, ratio, 0.0)
 
@@ -66,6 +68,8 @@ def seq_mis(*, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.T
             cfg: AlgorithmConfig) -> torch.Tensor:
     """Sequence-level masked IS: each sequence's ratio ``exp(sum of old - rollout)`` on all its
     tokens, or 0 on all of them where it is above ``rollout_correction_cap``."""
+    import torch
+
     total = log_ratio(old_logp, rollout_logp, mask).sum(-1, keepdim=True)
     ratio = total.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp().expand_as(mask)
     return torch.where(ratio <= cfg.rollout_correction_cap, ratio, 0.0)
@@ -74,6 +78,8 @@ def seq_mis(*, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.T
 def icepop(*, old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
            cfg: AlgorithmConfig) -> torch.Tensor:
     """IcePop: the token's ratio inside ``[icepop_low, icepop_high]``, 0 outside."""
+    import torch
+
     ratio = log_ratio(old_logp, rollout_logp, mask).exp()
     return torch.where((ratio >= cfg.icepop_low) & (ratio <= cfg.icepop_high), ratio, 0.0)
 
@@ -99,6 +105,12 @@ def apply_correction(batches: Sequence[MicroBatch], fn: Callable[..., Any], env:
     ``seq_masked_fraction`` (sequences whose every token has weight 0) and
     ``nonfinite_fraction``.
     """
+    import torch
+    import torch.distributed as dist
+
+    from graft.engine.distributed.env import all_reduce
+    from graft.training.metrics import console_print
+
     sums = torch.zeros(7, dtype=torch.float64)  # weight, tokens, masked, truncated, seqs...
     extremes = torch.full((2,), -torch.inf, dtype=torch.float64)  # max, -min
     for batch in batches:
