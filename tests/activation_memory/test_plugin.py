@@ -15,9 +15,13 @@ from graft.engine.distributed.env import init_distributed
 from graft.engine.distributed.parallelize import parallelize
 from graft.engine.forward import forward_fused_loss, forward_logprobs
 from graft.engine.head.token_loss import chunk_token_loss, token_weights
-from graft.errors import ConfigError
 from graft.models.build import build_model
-from graft.testing import AggregationContext, check_config_section, check_installed_plugin
+from graft.testing import (
+    AggregationContext,
+    check_config_section,
+    check_installed_plugin,
+    check_moved_key,
+)
 from graft.training.sft import sft_loss
 from graft_activation_memory import ActivationMemoryConfig
 from graft_activation_memory.recomputed_norms import RECOMPUTED_ATTRIBUTE
@@ -37,12 +41,7 @@ def test_the_installed_plugin_passes_graft_testing() -> None:
 
 @pytest.mark.parametrize("old, value", [("mlp_chunk_tokens", "8192"), ("recompute_norms", "true")])
 def test_an_old_engine_key_names_its_new_home(old: str, value: str, tmp_path: Path) -> None:
-    new = f"features.activation_memory.{old}"
-    with pytest.raises(ConfigError, match=f"'engine.{old}'.*moved: set '{new}'"):
-        graft.compose([f"engine.{old}={value}"])
-    (tmp_path / "run.yaml").write_text(f"engine:\n  {old}: {value}\n")
-    with pytest.raises(ConfigError, match=f"run.yaml, line 2\\).*'{new}'"):
-        graft.compose(config_files=[tmp_path / "run.yaml"])
+    check_moved_key(f"engine.{old}", f"features.activation_memory.{old}", value, tmp_path)
 
 
 def test_a_saved_config_with_the_old_defaults_still_composes(tmp_path: Path) -> None:

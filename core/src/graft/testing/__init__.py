@@ -24,8 +24,10 @@ ranks, reports its metrics and matches the same run on the preset; `save_tiny_ch
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from graft.errors import PluginError
@@ -39,6 +41,7 @@ __all__ = [
     "aggregate_loss",
     "check_config_section",
     "check_installed_plugin",
+    "check_moved_key",
     "check_plugin",
     "compute_advantages",
     "registered_plugin",
@@ -93,6 +96,23 @@ def check_config_section(name: str, schema: type) -> dict[str, Any]:
     manager.register(_SectionPlugin(), f"section-{name}")
     cfg = compose(manager=manager)
     return OmegaConf.to_container(OmegaConf.structured(getattr(cfg.features, name)))
+
+
+def check_moved_key(old: str, new: str, value: str, folder: Path) -> None:
+    """Assert that the config key ``old``, which a release moved to ``new``, set to ``value``
+    is a `graft.errors.ConfigError` that names ``new``: on the command line, and in a YAML file
+    written into ``folder``, where the error also names the file and line."""
+    import pytest
+
+    from graft.config import compose
+    from graft.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"'{re.escape(old)}'.*moved: set '{re.escape(new)}'"):
+        compose([f"{old}={value}"])
+    section, key = old.split(".")
+    (folder / "run.yaml").write_text(f"{section}:\n  {key}: {value}\n")
+    with pytest.raises(ConfigError, match=f"run.yaml, line 2\\).*'{re.escape(new)}'"):
+        compose(config_files=[folder / "run.yaml"])
 
 
 @contextmanager
