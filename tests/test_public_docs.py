@@ -1,4 +1,4 @@
-"""The hook contract (``hookspecs.py``) and the docs send plugin authors to public names only:
+"""The hook contract (``graft.hookspecs``) and the docs send plugin authors to public names only:
 a ``graft.<x>.<name>`` they write must be public in the sense of tests/test_public_api.py (in
 the ``__all__`` of ``graft`` or of ``graft.<x>``), so a plugin following them never imports a
 module the core may change without notice."""
@@ -11,7 +11,9 @@ from pathlib import Path
 from tests.test_public_api import public_api
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCES = [REPO / "core" / "src" / "graft" / "hookspecs.py", *sorted((REPO / "docs").glob("*.md"))]
+# the spec modules (the package's __init__ imports them by their module names)
+SOURCES = [*sorted((REPO / "core" / "src" / "graft" / "hookspecs").glob("[!_]*.py")),
+           *sorted((REPO / "docs").glob("*.md"))]
 # graft.testing's submodules import torch, so the package documents rather than re-exports them
 DOCUMENTED_SUBMODULES = {"graft.testing.checkpoint", "graft.testing.families",
                          "graft.testing.invariance"}

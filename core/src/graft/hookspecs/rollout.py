@@ -1,0 +1,126 @@
+"""Rollout hooks (RL): generation, or a plugin's episodes in its place, and what plugins record
+during it; the static decode's copy and its decode loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from graft.hookspecs import hookspec
+
+if TYPE_CHECKING:
+    import torch
+
+
+# --------------------------------------------------------------------------------------------
+# Rollout (RL): generation (or a plugin's episodes in its place), and what plugins record
+# during it.
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def graft_episode_runner(cfg: Any, tokenizer: Any, env: Any) -> Any:
+    """Take over how an RL step's prompts (and a validation's) become samples.
+
+    When: once per RL run, when the RL job is built (before the rollout engine starts); on
+    every rank. Who: a plugin whose samples are more than one ``generate`` per prompt
+    (graft-multiturn: episodes in which the model and an environment take turns). ``cfg`` is
+    the root config, ``tokenizer`` the run's, ``env`` the `graft.engine.DistEnv`.
+
+    Return a `graft.rollout.EpisodeRunner`: every step the RL job calls its ``run(engine,
+    samples, prompts, spec)`` in place of ``engine.generate(prompts, spec)`` (between
+    ``graft_rollout_begin`` and ``graft_rollout_end``), then ``check_failures(batch)``; the
+    batch's ``samples`` are trained on (a ``loss_mask`` marks the tokens the loss covers), its
+    ``total_rewards(score, responses, samples)`` are the rewards and its ``metrics`` join the
+    step's. Validation calls ``run`` too (with ``val.*`` sampling). ``run`` runs on every rank,
+    also one without prompts, and must keep the engine's collectives paired. Return None to
+    pass: one response per prompt from the engine. Must not mutate anything.
+    ``firstresult``: the first runner returned is used.
+    """
+
+
+@hookspec
+def graft_rollout_begin(engine: str, rollout: Any, model: Any, cfg: Any) -> None:
+    """Generation of one RL step is about to start.
+
+    When: every step, before the rollout engine generates; on every rank. ``engine`` is
+    ``rollout.engine`` (the engine's kind: ``embedded``, or a plugin's, such as ``vllm``);
+    ``rollout`` the engine object (`graft.rollout.RolloutEngine`: ``kind``, ``model``,
+    ``llm``, ``request_extras``); ``model`` is the model that will generate for the embedded engine (the
+    trainer's own, also ``rollout.model``), None for an external engine; ``cfg`` the root config.
+
+    May mutate ``model`` by registering hooks that record per-token decisions during generation
+    (routing replay records each router's top-k here) and must remove them in
+    ``graft_rollout_end``; may call ``rollout.request_extras(name)`` for per-request outputs
+    the engine can return (graft-vllm's ``routed_experts``), which then arrive in each sample's
+    ``engine_extras``. Return value ignored. Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_rollout_end(samples: list[Any], engine: str, rollout: Any, cfg: Any) -> None:
+    """Generation of one RL step finished; attach what was recorded to the samples.
+
+    When: every step, right after generation, before rewards and the update; on every rank, with
+    that rank's samples (`graft.rollout.RolloutSample`: ``prompt_ids``, ``response_ids``,
+    ``logprobs``, ``extras``, ``engine_extras``). ``engine`` and ``rollout`` as in
+    ``graft_rollout_begin``.
+
+    May mutate ``samples``: put per-token tensors in ``sample.extras[name]``, one row per token
+    of prompt + response (shape ``(len(prompt_ids) + len(response_ids), ...)``); the core packs
+    them into every training micro-batch under ``name`` (pad rows are zeros) where
+    ``graft_prepare_inputs`` and the forward can use them. Must remove hooks installed in
+    ``graft_rollout_begin``. Not ``firstresult``.
+    """
+
+
+@hookspec
+def graft_inference_copy(model: torch.nn.Module, trained: torch.nn.Module, cfg: Any) -> None:
+    """Make a rollout engine's plain copy of the policy compute what the policy computes.
+
+    When: each time the copy's weights were refreshed from the trained model: once when the copy
+    is built, then after every update (``rollout.decode=static``: every rank refreshes its own
+    copy); before the copy generates. ``model`` is the copy
+    (the trained model's architecture built again
+    by transformers, unsharded, in the compute dtype, with the family's ``prepare_model`` but
+    none of what ``graft_pre_shard`` installed); the same object comes back at every call. It now
+    holds the trained model's weights as the optimizer left them (the masters). ``trained`` is
+    the trained policy (sharded; read it, do not run or change it); ``cfg`` the root config
+    (None when the copy was built outside a run).
+
+    May mutate ``model``: a plugin whose ``graft_pre_shard`` changes what the policy's forward
+    computes (fake quantisation of weights and activations, for example) does the same here, so
+    that rollout samples the policy the trainer scores: install forward hooks once (mark the
+    model: it comes back) and transform the weights in place after every refresh. Must keep
+    every parameter's name, shape and dtype, and must not run collectives (ranks refresh their
+    copies independently). Return value ignored. Not ``firstresult``.
+    """
+
+
+@hookspec(firstresult=True)
+def graft_static_decoder(model: torch.nn.Module, pad_token_id: int, eos_token_id: int | None,
+                         device: torch.device, decode_compile: str, cfg: Any) -> Any:
+    """Supply the decode loop the embedded engine's static copy samples with.
+
+    When: once, when the embedded engine builds its static copy (``rollout.decode=static``),
+    after the copy's first refresh (``graft_inference_copy`` ran); on every rank, each for its
+    own copy. Who: a plugin with a decode loop of its own (graft-graphed-decode: the decode step
+    replayed from a CUDA graph). ``model`` is the copy (as in ``graft_inference_copy``);
+    ``pad_token_id`` and ``eos_token_id`` the tokenizer's; ``device`` this rank's;
+    ``decode_compile`` is ``rollout.decode_compile`` (``cudagraphs``, ``inductor`` or ``none``:
+    how transformers' ``generate`` would compile the step); ``cfg`` the root config (None when
+    the engine was built outside a run).
+
+    Return an object whose ``generate(ids, mask, spec)`` samples ``spec.max_new_tokens`` tokens
+    at most (`graft.rollout.SamplingSpec`: temperature, 0 for greedy; top-p) after the
+    left-padded prompts ``ids`` with ``mask`` (both ``(batch, prompt length)``, on ``device``)
+    and returns ``(tokens, logprobs)``, both ``(batch, steps)``: a row padded with
+    ``pad_token_id`` after its EOS (log-prob 0), the log-probs fp32 under ``logits /
+    temperature`` (1 for greedy). Run each step inside the plugins' ``graft_compute`` with
+    `graft.engine.compute` (steps ``prefill``, ``decode``, ``sample_logprobs``, phase
+    ``rollout``) and take the log-probs with `graft.engine.token_logprobs`, as the core does.
+    Return None to pass: transformers' ``generate`` decodes as ``decode_compile`` says.
+
+    May mutate ``model`` (its attention implementation, its blocks' ``forward``), keeping every
+    parameter: the copy is refreshed in place after every update and the loop must read it.
+    ``firstresult``: the first decoder returned is used.
+    """
