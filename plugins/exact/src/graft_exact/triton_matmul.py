@@ -12,8 +12,8 @@ additions in the same order run one of two ways, with the same bits:
 - ``split``: one program per tile and chunk writing its fp32 total, then one kernel adding the
   totals in order (decode batches: a 64 x 128 tile gives a 2048-wide output 16 programs at 8
   rows, too few for a GPU's SMs; a 2048-deep ``K`` gives 4 times as many). Letting each tile's
-  last program add them instead (an atomic count per tile) was slower on an H100: 15.8 us a
-  product against 10.0 + 2.2 in the 1.1B rollout's profile (bench/README.md).
+  last program add them instead (an atomic count per tile) was slower in the 1.1B rollout's
+  profile (bench/README.md).
 
 ``whole`` takes tiles of `WHOLE_BLOCK_M` rows with twice the warps: on a GPU with warp-group
 MMA (Hopper) each group of four warps computes 64 of its rows with the 64-row tile's
@@ -118,10 +118,8 @@ def _multiprocessors(device_index: int) -> int:
 def split_pays(rows: int, cols: int, inner: int, device: torch.device) -> bool:
     """Whether ``split`` suits an ``(rows, inner) x (inner, cols)`` product: more than one
     chunk, and fewer tiles than the GPU has multiprocessors (a CPU tensor, under the
-    interpreter, counts 132: an H100's). Measured on an H100 at the 1.1B shapes
-    (bench/exact_kernels.py, results/exact_kernels.json): split is faster for every such
-    product (2048 x 2048 at 8 rows: 7.1 against 19.5 us; 2048 x 256 at 2048 rows: 11.9 against
-    18.7 us) and slower for every other one (2048 x 5632 at 256 rows: 33.9 against 19.5 us)."""
+    interpreter, counts 132). At the 1.1B shapes split is the faster of the two for exactly
+    these products (bench/exact_kernels.py, its results in bench/results/exact_kernels.json)."""
     tiles = triton.cdiv(rows, BLOCK_M) * triton.cdiv(cols, BLOCK_N)
     units = _multiprocessors(device.index or 0) if device.type == "cuda" else 132
     return inner > CHUNK_K and tiles < units

@@ -43,7 +43,7 @@ def triton_kernels() -> Kernels:
 
 
 # The Triton kernels cast to FP8 E4M3 (``tl.float8e4nv``), which Triton compiles only for SM89
-# (Ada) and newer (Hopper, Blackwell); an A100 (SM80) fails at the kernel's first launch.
+# and newer; on SM80 the kernel fails at its first launch.
 TRITON_MIN_CAPABILITY = (8, 9)
 
 

@@ -34,7 +34,7 @@ def _pow2_scale(amax, EXPONENT_Q: tl.constexpr, MANTISSA_Q: tl.constexpr, FLOOR:
 @triton.jit
 def _rint(a):
     # round half to even for 0 <= a < 2^22, with floor only: the compiler may fold the
-    # (a + 2^23) - 2^23 trick back to a (seen on an H200), floor it cannot
+    # (a + 2^23) - 2^23 trick back to a (it did), floor it cannot
     nearest = tl.floor(a + 0.5)
     tie = (nearest - a) == 0.5
     odd = (nearest - 2.0 * tl.floor(nearest * 0.5)) == 1.0
@@ -45,7 +45,7 @@ def _rint(a):
 def _round_e2m1(v):
     a = tl.abs(v)
     r = tl.where(a < 2.0, _rint(a * 2.0) * 0.5, tl.where(a < 4.0, _rint(a), _rint(a * 0.5) * 2.0))
-    # v's sign bit on r by bits: -0.0 stays -0.0 (a select of -r was folded to +0.0 on an H200)
+    # v's sign bit on r by bits: -0.0 stays -0.0 (the compiler folded a select of -r to +0.0)
     sign = v.to(tl.int32, bitcast=True) & -2147483648
     return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
