@@ -6,7 +6,8 @@ cache is emptied: the pool's ceiling (``host_cache_limit_gb``) then bounds what 
 not what the process holds pinned (a run held more pinned than the pool's ceiling, and
 kept it after the pool closed: bench/README.md, offload). Here a buffer is ordinary (pageable)
 memory, page-aligned, that the pool registers with CUDA (``cudaHostRegister``, as
-torch.distributed.checkpoint's pinned staging does) and unregisters before it frees it, so what is pinned is exactly what the pool holds.
+torch.distributed.checkpoint's pinned staging does) and unregisters before it frees it, so what
+is pinned is exactly what the pool holds.
 """
 
 from __future__ import annotations
