@@ -111,8 +111,9 @@ def apply_correction(batches: Sequence[MicroBatch], fn: Callable[..., Any], env:
     from graft.engine.distributed.env import all_reduce
     from graft.training.metrics import console_print
 
-    sums = torch.zeros(7, dtype=torch.float64)  # weight, tokens, masked, truncated, seqs...
-    extremes = torch.full((2,), -torch.inf, dtype=torch.float64)  # max, -min
+    # summed on the device and read once, after the all-reduce: no host sync per micro-batch
+    sums = torch.zeros(7, dtype=torch.float64, device=env.device)  # weight, tokens, masked...
+    extremes = torch.full((2,), -torch.inf, dtype=torch.float64, device=env.device)  # max, -min
     for batch in batches:
         mask = batch.to_sequences(batch.tensors["loss_mask"])
         old = batch.to_sequences(batch.tensors["old_logprobs"])
@@ -125,19 +126,20 @@ def apply_correction(batches: Sequence[MicroBatch], fn: Callable[..., Any], env:
         ratio = log_ratio(old, rollout, mask).exp()
         kept = valid & finite
         sequences = valid.any(-1)
-        sums += torch.tensor([
-            float(weights.sum()), float(valid.sum()), float((valid & (weights == 0)).sum()),
-            float((kept & (weights > 0) & (weights < ratio)).sum()),
-            float((sequences & ~(weights != 0).any(-1)).sum()), float(sequences.sum()),
-            float((valid & ~finite).sum())], dtype=torch.float64)
-        if bool(valid.any()):
-            extremes = torch.maximum(extremes, torch.tensor(
-                [float(weights[valid].max()), -float(weights[valid].min())], dtype=torch.float64))
+        counts = [weights.sum(), valid.sum(), (valid & (weights == 0)).sum(),
+                  (kept & (weights > 0) & (weights < ratio)).sum(),
+                  (sequences & ~(weights != 0).any(-1)).sum(), sequences.sum(),
+                  (valid & ~finite).sum()]
+        sums += torch.stack([c.to(sums) for c in counts])
+        inf = torch.tensor(torch.inf, dtype=weights.dtype, device=weights.device)
+        extremes = torch.maximum(extremes, torch.stack(
+            [torch.where(valid, weights, -inf).max(), -torch.where(valid, weights, inf).min()]
+        ).to(extremes))
         grid = torch.zeros(batch.tensors["loss_mask"].numel())
         grid[batch.sequence_index[batch.sequence_valid]] = weights[batch.sequence_valid]
         batch.tensors[WEIGHTS] = grid.reshape(batch.tensors["loss_mask"].shape)
-    totals = all_reduce(sums.to(env.device), group=env.dp_group).tolist()
-    top = all_reduce(extremes.to(env.device), op=dist.ReduceOp.MAX, group=env.dp_group).tolist()
+    totals = all_reduce(sums, group=env.dp_group).tolist()
+    top = all_reduce(extremes, op=dist.ReduceOp.MAX, group=env.dp_group).tolist()
     tokens, seqs = max(totals[1], 1.0), max(totals[5], 1.0)
     if totals[6] and env.is_main:
         console_print(f"rollout correction {cfg.algorithm.rollout_correction!r}: {totals[6]:.0f} "
