@@ -50,8 +50,8 @@ def check_fp8_gemm_support(device: torch.device) -> None:
     fix = "use features.deepseek_v4.qat=fp8_blockwise (bf16 fake quant) instead"
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
         raise ConfigError(f"features.deepseek_v4.qat=fp8_blockwise_gemm needs a CUDA GPU with "
-                          f"FP8 tensor cores (compute capability 9.0 or newer); the model is on {device}; "
-                          f"{fix}")
+                          f"FP8 tensor cores (compute capability 9.0 or newer); the model is on "
+                          f"{device}; {fix}")
     try:
         from torch.nn.functional import ScalingType, scaled_mm  # noqa: F401
     except ImportError:
