@@ -1,5 +1,6 @@
 """graft-math's reward throughput: one RL step's responses scored inline (one at a time in the
-trainer's thread, as Graft did before the reward pool), in a thread pool and in process pools.
+trainer's thread, as Graft does without graft-reward-pool), in a thread pool and in process
+pools (graft-reward-pool, which this benchmark needs).
 
 Each response is a short GSM8K-style solution ending in an answer (\\boxed{}, "#### N", or a
 LaTeX fraction), half of them right; every batch has new problems (as every RL step has new
@@ -69,8 +70,8 @@ def main() -> None:
     seconds = timed_batches(lambda r, s: inline(r, s, cfg), batches)
     rows.append({"variant": "inline (main thread)", "workers": 1, "batch_s": seconds})
     for pool, workers in (("thread", 4), ("process", 1), ("process", 2), ("process", 4)):
-        cfg = compose(["algorithm.reward=math", f"algorithm.reward_pool={pool}",
-                       f"algorithm.reward_workers={workers}"])
+        cfg = compose(["algorithm.reward=math", f"features.reward_pool.kind={pool}",
+                       f"features.reward_pool.workers={workers}"])
         scorer = RewardScorer(batches[0][1], cfg=cfg)
         try:
             seconds = timed_batches(scorer.score, batches)

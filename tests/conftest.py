@@ -28,6 +28,7 @@ SITES = {
     "offload_standin": ("graft_offload_standin_plugin",),
     "needs_dep": ("graft_needs_dep_plugin",),
     "faulty_rewards": ("graft_faulty_rewards_plugin",),
+    "roles": ("graft_roles_plugin",),
 }
 
 ENV_KEYS = ("GRAFT_PLUGINS", "GRAFT_DISABLE_PLUGINS", "GRAFT_TRACE_PLUGINS", "GRAFT_DEBUG")

@@ -25,7 +25,7 @@ def test_a_tiny_model_learns_to_call_the_calculator(graft_train, metrics_of, cal
                 "features.multiturn.max_turns=2", "rollout.max_new_tokens=6",
                 "features.multiturn.max_episode_tokens=16",
                 "features.calculator.call_reward=0.2", "rollout.prompts_per_step=8",
-                "rollout.n=8", "algorithm.reward_workers=1", "optim.lr=3e-3",
+                "rollout.n=8", "features.reward_pool.workers=1", "optim.lr=3e-3",
                 f"trainer.total_steps={STEPS}", "trainer.print_sample_every_steps=0",
                 "checkpoint.every_steps=0", "checkpoint.save_at_end=false",
                 "export.hf_at_end=false")

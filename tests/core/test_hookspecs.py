@@ -65,6 +65,12 @@ def test_hook_specs_are_the_design_table() -> None:
         "graft_episode_runner",
         # added so a plugin adds an off-policy correction of the policy loss (#38)
         "graft_rollout_corrections",
+        # added so a plugin runs the rewards in workers, each sample within a time limit
+        # (graft-reward-pool, #37)
+        "graft_reward_executor",
+        # added so a plugin gives ranks other roles than training and supplies the RL steps'
+        # experience from them (graft-async-rl's rollout workers, #38)
+        "graft_rank_roles", "graft_role_runner", "graft_experience_source",
     }
 
 

@@ -18,7 +18,7 @@ from graft.testing.chat import gsm8k_rows, messages_of, write_chat_checkpoint, w
 
 ROWS = gsm8k_rows(8)
 SMALL = ("rollout.prompts_per_step=4", "rollout.n=2", "rollout.max_new_tokens=8",
-         "algorithm.reward_workers=2", "checkpoint.every_steps=0",
+         "features.reward_pool.workers=2", "checkpoint.every_steps=0",
          "checkpoint.save_at_end=false", "export.hf_at_end=false")
 
 
@@ -38,7 +38,7 @@ def test_graft_train_runs_on_a_local_checkpoint_and_a_verl_parquet(graft_train, 
     run_dir = tmp_path / "run"
     graft_train(run_dir, f"model.path={checkpoint}", "data.source=file", f"data.path={parquet}",
                 "data.answer_key=reward_model.ground_truth", "algorithm.reward=math",
-                "trainer.total_steps=2", *SMALL, "algorithm.reward_workers=1")
+                "trainer.total_steps=2", *SMALL, "features.reward_pool.workers=1")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["reward_mean"] <= 1.0 and r["reward_timeouts"] == 0.0 for r in rows)

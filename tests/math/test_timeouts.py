@@ -1,6 +1,6 @@
 """A pathological answer never stalls a step: math-verify's own timeouts end it in a process
 worker's main thread, and where they cannot (a sympy call that holds the interpreter), the pool
-kills the worker at algorithm.reward_timeout_s and the sample scores 0."""
+kills the worker at features.reward_pool.timeout_s and the sample scores 0."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ HUGE = "The answer is \\boxed{10^{10^{10}}}."
 
 
 def scores(*overrides: str) -> tuple[list[float], list[float], dict[str, float]]:
-    scorer = RewardScorer(cfg=compose(["algorithm.reward=math", "algorithm.reward_workers=2",
+    scorer = RewardScorer(cfg=compose(["algorithm.reward=math", "features.reward_pool.workers=2",
                                        *overrides]))
     samples = [TextSample("q", "", "1", origin="row 1"), TextSample("q", "", "72")]
     try:
@@ -28,13 +28,13 @@ def scores(*overrides: str) -> tuple[list[float], list[float], dict[str, float]]
 
 def test_math_verifys_own_timeout_ends_a_pathological_comparison() -> None:
     first, again, metrics = scores("features.math.parse_timeout_s=1",
-                                   "algorithm.reward_timeout_s=600")
+                                   "features.reward_pool.timeout_s=600")
     assert first == [0.0, 1.0] and metrics == {"reward_timeouts": 0.0, "reward_errors": 0.0}
     assert again == [1.0, 1.0]
 
 
 def test_the_pool_kills_a_sample_past_the_reward_timeout() -> None:
     first, again, metrics = scores("features.math.parse_timeout_s=600",
-                                   "algorithm.reward_timeout_s=3")
+                                   "features.reward_pool.timeout_s=3")
     assert first == [0.0, 1.0] and metrics == {"reward_timeouts": 1.0, "reward_errors": 0.0}
     assert again == [1.0, 1.0]

@@ -34,7 +34,7 @@ def test_graft_train_validates_and_logs_samples(graft_train, metrics_of, tmp_pat
     run_dir = tmp_path / "run"
     result = graft_train(run_dir, f"model.path={model}", "data.source=file", f"data.path={train}",
                          f"data.val_path={test}", "algorithm.reward=math",
-                         "algorithm.reward_workers=1", "rollout.prompts_per_step=2", "rollout.n=2",
+                         "features.reward_pool.workers=1", "rollout.prompts_per_step=2", "rollout.n=2",
                          "rollout.max_new_tokens=6", "trainer.total_steps=2",
                          "trainer.val_every_steps=1", "trainer.log_samples=1",
                          "trainer.print_sample_every_steps=1", *QUIET)
@@ -106,7 +106,7 @@ def test_val_reward_rises_when_the_model_learns_to_repeat_the_number(tmp_path: P
     metrics = graft.train(overrides=[
         f"trainer.run_dir={tmp_path / 'run'}", "engine.device=cpu", f"model.path={model}",
         "data.source=file", f"data.path={train}", f"data.val_path={test}",
-        "algorithm.reward=math", "algorithm.reward_pool=thread", "algorithm.reward_workers=1",
+        "algorithm.reward=math", "features.reward_pool.kind=thread", "features.reward_pool.workers=1",
         "rollout.prompts_per_step=4", "rollout.n=16", "rollout.max_new_tokens=1",
         "engine.max_tokens_per_row=512", "optim.lr=1e-2", "trainer.total_steps=40",
         "trainer.val_every_steps=10", "trainer.print_sample_every_steps=0", *QUIET])

@@ -16,8 +16,14 @@ import pytest
 UMASK = 0o027
 
 
+# The plugin selection passes on, so the run's config holds the sections the in-process
+# `graft_cli` will load; a developer's other switches (tracing, debug) do not.
+PLUGIN_SELECTION = ("GRAFT_PLUGINS", "GRAFT_DISABLE_PLUGINS")
+
+
 def _graft(args: list[str], *, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAFT_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("GRAFT_") or k in PLUGIN_SELECTION}
     return subprocess.run([sys.executable, "-m", "graft", *args], capture_output=True, text=True,
                           env=env, cwd=cwd, umask=UMASK, timeout=300)
 

@@ -10,10 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from graft import hookimpl
 from graft.cli.main import main
 from graft.config import Range, bounded, compose, schema_config
 from graft.config.ranges import field_range
 from graft.errors import ConfigError
+from graft.plugins import GraftPluginManager
 
 NUMBERS = (int, float)
 
@@ -43,11 +45,27 @@ def numeric_fields(schema: type, prefix: str = "") -> Iterator[tuple[str, datacl
 FIELDS = list(numeric_fields(schema_config()[0]))
 
 
+@dataclasses.dataclass
+class DialConfig:
+    turns: int = bounded(3, ge=1)
+
+
+class Dial:
+    """A plugin with a numeric setting of its own, so the walk has a plugin section to find
+    whichever plugins are installed (none under ``GRAFT_PLUGINS=``)."""
+
+    @hookimpl
+    def graft_config_sections(self):
+        return [("dial", DialConfig)]
+
+
 def test_the_walk_finds_core_and_plugin_sections() -> None:
-    keys = {key for key, _, _ in FIELDS}
+    manager = GraftPluginManager()
+    manager.load(allowlist=[])
+    manager.register(Dial(), "dial")
+    keys = {key for key, _, _ in numeric_fields(schema_config(manager)[0])}
     assert {"optim.lr", "optim.betas", "trainer.total_steps", "rollout.prompts_per_step",
-            "loss.clip_ratio_c"} <= keys
-    assert any(key.startswith("features.") for key in keys), "no plugin section was walked"
+            "loss.clip_ratio_c", "features.dial.turns"} <= keys
 
 
 @pytest.mark.parametrize("key,f,kind", FIELDS, ids=[key for key, _, _ in FIELDS])

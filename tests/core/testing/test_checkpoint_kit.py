@@ -17,6 +17,12 @@ from graft.testing.checkpoint import check_plugin_on_checkpoint, save_tiny_check
 SFT = ["trainer.mode=sft"]  # deterministic and the quickest run that trains
 
 
+def meta_blind_only(plugin_sites: dict[str, Path]) -> dict[str, str]:
+    """The runs' environment: the test plugin installed and the only plugin loaded, whichever
+    plugins this checkout has (none under ``GRAFT_PLUGINS=``)."""
+    return {"PYTHONPATH": str(plugin_sites["meta_blind"]), "GRAFT_PLUGINS": "meta_blind"}
+
+
 def test_the_saved_checkpoint_holds_the_presets_seeded_weights(tmp_path: Path) -> None:
     folder = save_tiny_checkpoint("tiny-qwen3-moe", tmp_path / "hf", seed=3)
     assert (folder / "tokenizer.json").exists() and (folder / "model.safetensors").exists()
@@ -32,7 +38,7 @@ def test_a_plugin_that_works_on_meta_weights_passes_on_two_ranks(
     from_path, from_preset = check_plugin_on_checkpoint(
         preset="tiny-llama", overrides=[*SFT, "features.meta_blind.mode=count"],
         expect_metrics=["meta_blind/parameters", "loss"], nproc=2, tmp_path=tmp_path, steps=2,
-        env={"PYTHONPATH": str(plugin_sites["meta_blind"])})
+        env=meta_blind_only(plugin_sites))
     count = sum(p.numel() for p in build_model(ModelConfig(preset="tiny-llama"))[0].parameters())
     assert {row["meta_blind/parameters"] for row in from_path + from_preset} == {count}
 
@@ -44,7 +50,7 @@ def test_a_plugin_that_reports_nothing_on_a_checkpoint_fails(plugin_sites: dict[
         check_plugin_on_checkpoint(
             preset="tiny-llama", overrides=[*SFT, "features.meta_blind.mode=scale"],
             expect_metrics=["meta_blind/applied"], nproc=1, tmp_path=tmp_path, steps=2,
-            env={"PYTHONPATH": str(plugin_sites["meta_blind"])})
+            env=meta_blind_only(plugin_sites))
 
 
 def test_a_plugin_whose_effect_is_lost_on_a_checkpoint_fails(plugin_sites: dict[str, Path],
@@ -54,4 +60,4 @@ def test_a_plugin_whose_effect_is_lost_on_a_checkpoint_fails(plugin_sites: dict[
         check_plugin_on_checkpoint(
             preset="tiny-llama", overrides=[*SFT, "features.meta_blind.mode=scale_always_report"],
             expect_metrics=["meta_blind/applied"], nproc=1, tmp_path=tmp_path, steps=2,
-            env={"PYTHONPATH": str(plugin_sites["meta_blind"])})
+            env=meta_blind_only(plugin_sites))

@@ -63,9 +63,18 @@ ADVICE = ("free disk space, keep fewer checkpoints (checkpoint.keep_last), or se
           "trainer.run_dir to a folder on a larger disk")
 
 
-def _barrier() -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+def _barrier(group: dist.ProcessGroup | None = None) -> None:
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.barrier(group=group)
+
+
+def _gloo_group(env: DistEnv) -> dist.ProcessGroup:
+    """A gloo group of the ranks that checkpoint (every rank, or the trainers' role, which
+    creates it alone)."""
+    if env.role_ranks is None:
+        return dist.new_group(backend="gloo")
+    return dist.new_group(ranks=list(env.role_ranks), backend="gloo",
+                          use_local_synchronization=True)
 
 
 class CheckpointManager:
@@ -77,7 +86,7 @@ class CheckpointManager:
         self.env = env
         self._pending: tuple[Any, Path, int, int] | None = None  # future, folder, step, bytes
         # Background saves coordinate over gloo, never over NCCL from a side thread.
-        self._async_group = (dist.new_group(backend="gloo")
+        self._async_group = (_gloo_group(env)
                              if cfg.async_save and env.device.type == "cuda" else None)
 
     def should_save(self, step: int, total_steps: int) -> bool:
@@ -105,7 +114,7 @@ class CheckpointManager:
                                         process_group=self._async_group)
                 self._pending = (future, tmp, step, needed)
             else:
-                dcp.save(state, storage_writer=writer)
+                dcp.save(state, storage_writer=writer, process_group=self.env.group)
                 self._publish(tmp, step)
 
     def wait(self) -> None:
@@ -123,7 +132,7 @@ class CheckpointManager:
         early what pruning would remove after the save when that makes them fit; every rank
         raises the same `CheckpointError` when they cannot."""
         problem = self._room_problem(step, needed) if self.env.is_main else None
-        problem = broadcast_object(problem)
+        problem = broadcast_object(problem, group=self.env.group)
         if problem is not None:
             raise CheckpointError(problem)
 
@@ -171,11 +180,12 @@ class CheckpointManager:
                 f"{ADVICE}") from exc
 
     def _make_tmp_dir(self, step: int) -> Path:
-        name = broadcast_object(f"{layout.TMP_PREFIX}step_{step}-{uuid.uuid4().hex[:8]}")
+        name = broadcast_object(f"{layout.TMP_PREFIX}step_{step}-{uuid.uuid4().hex[:8]}",
+                                group=self.env.group)
         tmp = layout.checkpoints_dir(self.run_dir) / name
         if self.env.is_main:
             (tmp / "rng").mkdir(parents=True)
-        _barrier()
+        _barrier(self.env.group)
         return tmp
 
     def _write_side_files(self, tmp: Path, step: int, trainer_state: dict[str, Any],
@@ -189,8 +199,9 @@ class CheckpointManager:
             (tmp / "config.yaml").write_text(config_yaml)
 
     def _publish(self, tmp: Path, step: int) -> None:
-        _barrier()
-        entries = build_manifest(tmp, rank=self.env.rank, world=self.env.world_size)
+        _barrier(self.env.group)
+        entries = build_manifest(tmp, rank=self.env.rank, world=self.env.world_size,
+                                 group=self.env.group)
         if self.env.is_main:
             write_manifest(tmp, entries)
             final = layout.step_dir(self.run_dir, step)
@@ -200,7 +211,7 @@ class CheckpointManager:
                         space.human(space.folder_bytes(final)),
                         space.human(space.free_bytes(final)), final.parent)
             logger.info("saved checkpoint %s", final)
-        _barrier()
+        _barrier(self.env.group)
 
     def resume_path(self) -> Path | None:
         """The checkpoint ``checkpoint.resume`` selects: latest (auto), none (never), or a path."""
@@ -222,7 +233,8 @@ class CheckpointManager:
         from the checkpoint's key and checked there. Returns ``trainer.json`` (step, scheduler,
         data position) and restores this rank's random-number generators.
         """
-        verify_files(path, checksums=True, rank=self.env.rank, world=self.env.world_size)
+        verify_files(path, checksums=True, rank=self.env.rank, world=self.env.world_size,
+                     group=self.env.group)
         metadata = read_metadata(path).state_dict_metadata
         trainer = json.loads((path / "trainer.json").read_text())
         model_state, optim_state = get_state_dict(model, optimizer, options=OPTIONS)
@@ -238,7 +250,7 @@ class CheckpointManager:
                    for section, entries in state.items()}
         with _reported(f"loading checkpoint {path}", self.run_dir):
             dcp.load(to_read, storage_reader=SafeFileSystemReader(str(path)),
-                     planner=SafeLoadPlanner())
+                     planner=SafeLoadPlanner(), process_group=self.env.group)
         for section, entries in to_read.items():
             state[section].update(entries)  # values DCP replaced rather than filled in place
         loaded = {section: {live_keys.get(id(v), (section, k))[1]: v for k, v in entries.items()}

@@ -37,14 +37,16 @@ def _split_work(items: list[Any], rank: int, world: int) -> list[Any]:
     return items[rank::world]
 
 
-def build_manifest(root: Path, *, rank: int = 0, world: int = 1) -> dict[str, dict[str, Any]]:
-    """Hash the files under ``root``, shared among ``world`` ranks; every rank gets the result."""
+def build_manifest(root: Path, *, rank: int = 0, world: int = 1,
+                   group: dist.ProcessGroup | None = None) -> dict[str, dict[str, Any]]:
+    """Hash the files under ``root``, shared among the ``world`` ranks of ``group`` (default:
+    all); every rank gets the result."""
     files = _files(root)
     mine = {str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": sha256_of(p)}
             for p in _split_work(files, rank, world)}
     if world > 1:
         gathered: list[dict[str, Any]] = [{} for _ in range(world)]
-        dist.all_gather_object(gathered, mine)
+        dist.all_gather_object(gathered, mine, group=group)
         mine = {k: v for part in gathered for k, v in part.items()}
     return dict(sorted(mine.items()))
 
@@ -84,11 +86,12 @@ def size_problems(root: Path, entries: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def verify_files(root: Path, *, checksums: bool, rank: int = 0, world: int = 1,
-                 advice: str = RESUME_ADVICE) -> None:
+                 advice: str = RESUME_ADVICE, group: dist.ProcessGroup | None = None) -> None:
     """Check every file the manifest lists: present, same size, and (optionally) same SHA-256;
     a `CheckpointError` naming the first damaged file ends with ``advice`` (what to do).
 
-    With several ranks the checksum work is shared and the first failure is raised everywhere.
+    With several ranks (the ``world`` ranks of ``group``, default all) the checksum work is
+    shared and the first failure is raised everywhere.
     """
     entries = read_manifest(root)
     problem = next(iter(size_problems(root, entries)), None)  # the first one
@@ -99,7 +102,7 @@ def verify_files(root: Path, *, checksums: bool, rank: int = 0, world: int = 1,
                 break
     if world > 1:
         problems: list[str | None] = [None] * world
-        dist.all_gather_object(problems, problem)
+        dist.all_gather_object(problems, problem, group=group)
         problem = next((p for p in problems if p), None)
     if problem:
         raise CheckpointError(f"checkpoint {root} is damaged: {problem}; {advice}")

@@ -51,6 +51,10 @@ MOVED_KEYS: dict[str, MovedKey] = {
     "rollout.env_timeout_s": MovedKey("features.multiturn.env_timeout_s", 10.0, "graft-multiturn"),
     "rollout.max_failed_env_steps": MovedKey("features.multiturn.max_failed_env_steps", 3,
                                              "graft-multiturn"),
+    "algorithm.reward_workers": MovedKey("features.reward_pool.workers", 4, "graft-reward-pool"),
+    "algorithm.reward_pool": MovedKey("features.reward_pool.kind", "auto", "graft-reward-pool"),
+    "algorithm.reward_timeout_s": MovedKey("features.reward_pool.timeout_s", 10.0,
+                                           "graft-reward-pool"),
 }
 
 

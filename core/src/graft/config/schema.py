@@ -260,6 +260,12 @@ class RolloutConfig:
     temperature: float = bounded(1.0, gt=0.0)
     top_p: float = bounded(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = bounded(8, ge=1)
+    # true: each sample is drawn with its own seed, a hash of trainer.seed, the step, its
+    # prompt's index in the dataset and its number among the prompt's n (graft.rl.sample_seed):
+    # the same tokens whichever rank or rollout worker draws it, in whatever batch, and after a
+    # resume. false: the engine's own generator, seeded once by trainer.seed. Single-turn
+    # rollouts; the embedded engine (dynamic decode) and graft-vllm honour it.
+    seeded_sampling: bool = False
     # embedded only. auto (graft.config.auto): static on CUDA (with decode_compile=cudagraphs
     # and graft-graphed-decode's loop, its kernels fused: the fastest rollout measured,
     # bench/README.md), dynamic on CPU.
@@ -287,13 +293,9 @@ class AlgorithmConfig:
     # lighteval/MATH...), else the synthetic task's own reward, exact_match for a dataset; or a
     # registered name for every sample.
     reward: str = choice("auto", ("auto",), registry="rewards")
-    # Rewards run in a pool of this many workers per rank.
-    reward_workers: int = bounded(4, ge=1)
-    # thread, process (CPU-bound Python such as sympy; a sample past the timeout is killed), or
-    # auto = what each reward declares (graft-math: process; the core's rewards: thread).
-    reward_pool: str = choice("auto", ("auto", "thread", "process"))
-    # Seconds one sample's reward may take; past it the sample scores 0 (reward_timeouts).
-    reward_timeout_s: float = bounded(10.0, gt=0.0)
+    # Rewards run in the trainer's thread, one sample after another, without a time limit, or
+    # where a plugin runs them (graft-reward-pool: features.reward_pool, a pool of threads or
+    # processes, each sample within a time limit).
     # A reward that raises, returns no finite number (NaN, inf, a string) or ends its worker
     # process: stop = the run stops naming the reward and the sample; zero = the sample scores
     # 0 and is counted (reward_errors).
@@ -321,6 +323,24 @@ class AlgorithmConfig:
     # icepop: tokens whose ratio is outside [icepop_low, icepop_high] get weight 0.
     icepop_low: float = bounded(0.5, ge=0.0)
     icepop_high: float = bounded(5.0, gt=0.0)
+    # DAPO dynamic sampling (graft.rl.batch_shaping): drop the groups (a prompt's rollout.n
+    # samples) whose rewards are all equal (zero advantage) and, colocated, draw and generate
+    # rollout.prompts_per_step more prompts until that many groups are kept over all ranks;
+    # the first kept, in draw order, are trained. Metrics under dynamic_sampling/.
+    dynamic_sampling: bool = False
+    # Generation rounds per step at most (the first included); when they keep fewer groups
+    # than rollout.prompts_per_step the step trains on those (padded with dropped groups, loss
+    # mask 0, to a multiple of the data-parallel size).
+    max_sampling_rounds: int = bounded(4, ge=1)
+    # Truncated responses (no eos within rollout.max_new_tokens): none; filter = loss mask 0
+    # (their reward stays in the group's baseline); penalty = DAPO's soft overlong punishment
+    # added to the reward. Metrics under overlong/.
+    overlong: str = choice("none", ("none", "filter", "penalty"))
+    # penalty: the last overlong_buffer tokens before rollout.max_new_tokens, over which the
+    # penalty falls linearly from 0 to -overlong_penalty (tokens; null = a fifth of
+    # rollout.max_new_tokens, at least 1).
+    overlong_buffer: int | None = bounded(None, ge=1)
+    overlong_penalty: float = bounded(1.0, ge=0.0)
 
 
 @dataclass

@@ -124,11 +124,12 @@ class TrainEngine:
         groups = plan_micro_batches(lengths, **plan)
         while True:  # agree on a count every rank can reach; every rank runs the same rounds
             count = int(all_reduce(torch.tensor([len(groups)], device=self.env.device),
-                                   op=torch.distributed.ReduceOp.MAX).item())
+                                   op=torch.distributed.ReduceOp.MAX,
+                                   group=self.env.group).item())
             if len(groups) < count:  # the planner may need more than asked for
                 groups = plan_micro_batches(lengths, min_micro_batches=count, **plan)
             agreed = all_reduce(torch.tensor([int(len(groups) == count)], device=self.env.device),
-                                op=torch.distributed.ReduceOp.MIN)
+                                op=torch.distributed.ReduceOp.MIN, group=self.env.group)
             if int(agreed.item()):
                 break
         bucket = row_multiple(engine.pad_to_length_bucket if engine.pad_to_length else None,
@@ -294,7 +295,7 @@ class TrainEngine:
         and rank 0 says so on the console.
         """
         max_norm = self.cfg.optim.max_grad_norm or float("inf")
-        norm = clip_grad_norm(self.model.parameters(), max_norm)
+        norm = clip_grad_norm(self.model.parameters(), max_norm, group=self.env.group)
         # Reading the norm waits for the backward: the optimizer must not see a NaN.
         if bool(torch.isfinite(norm)):
             self.optimizer.step()

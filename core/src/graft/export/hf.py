@@ -30,9 +30,10 @@ def hf_directory_sink(model: torch.nn.Module, out_dir: Path, *, dtype: torch.dty
 
 def export_model_to_hf(model: torch.nn.Module, out_dir: Path, *, export_cfg: Any,
                        tokenizer: Any, is_main: bool, protected: Mapping[str, Path] | None = None,
-                       label: str = "the export folder", hint: str | None = None
-                       ) -> ExportStats:
-    """Stream the live model into ``out_dir`` (call on every rank; rank 0 writes).
+                       label: str = "the export folder", hint: str | None = None,
+                       group: Any = None) -> ExportStats:
+    """Stream the live model into ``out_dir`` (call on every rank of ``group``, default all;
+    rank 0 writes).
 
     Every rank first checks that ``out_dir`` may be replaced (`check_output_dir` with
     ``protected``; ``label`` names it and ``hint`` says what else to do), so a
@@ -42,7 +43,7 @@ def export_model_to_hf(model: torch.nn.Module, out_dir: Path, *, export_cfg: Any
     dtype = resolve_dtype(export_cfg.dtype, model)
     device = next(model.parameters()).device
     exporter = WeightExporter(model, bucket_bytes=default_bucket_bytes(export_cfg.bucket_mb, device),
-                              dtype=dtype, is_main=is_main)
+                              dtype=dtype, is_main=is_main, group=group)
     sink = (hf_directory_sink(model, out_dir, dtype=dtype, tokenizer=tokenizer, protected=protected)
             if is_main else None)
     return exporter.export(sink)

@@ -140,15 +140,16 @@ def hf_tensors(model: torch.nn.Module, *, dtype: torch.dtype | None, is_main: bo
         yield hf_name, tensor
 
 
-def _agree_on_consumer(consumer: str, device: torch.device) -> str:
-    """Rank 0's ``consumer`` on every rank (one small broadcast from ``device``, the model's;
-    none on a single rank)."""
+def _agree_on_consumer(consumer: str, device: torch.device, group: Any = None) -> str:
+    """The ``consumer`` of rank 0 of ``group`` (default: all ranks) on every rank of it (one
+    small broadcast from ``device``, the model's; none on a single rank)."""
     import torch.distributed as dist
 
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return consumer
     index = torch.tensor([CONSUMERS.index(consumer)], device=device)
-    dist.broadcast(index, src=0)
+    dist.broadcast(index, src=0 if group is None else dist.get_global_rank(group, 0),
+                   group=group)
     return CONSUMERS[int(index.item())]
 
 
@@ -171,13 +172,14 @@ class WeightExporter:
     of the sink's consumer (``sink.consumer``). ``entry_filter`` (an `ExportFilter`, the same
     kind on every rank; graft-vllm's delta export) sees every streamed entry before it is
     bucketed and may drop, replace or turn it into a sink update; with one, every export
-    streams.
+    streams. ``group``: the ranks that export together (the model's; default: all).
     """
 
     def __init__(self, model: torch.nn.Module, *, bucket_bytes: int, dtype: torch.dtype | None,
                  is_main: bool, bucket_device: torch.device | None = None,
-                 entry_filter: ExportFilter | None = None) -> None:
+                 entry_filter: ExportFilter | None = None, group: Any = None) -> None:
         self.model = model
+        self.group = group
         self.dtype = dtype
         self.is_main = is_main
         self.entry_filter = entry_filter
@@ -201,7 +203,8 @@ class WeightExporter:
         they disagree on planned or streamed does rank 0 tell the others its consumer."""
         plans = {name: self._plan(name) for name in CONSUMERS}
         if len({plan is None for plan in plans.values()}) > 1:
-            consumer = _agree_on_consumer(consumer, next(self.model.parameters()).device)
+            consumer = _agree_on_consumer(consumer, next(self.model.parameters()).device,
+                                          self.group)
         return plans[consumer], consumer
 
     def export(self, sink: WeightSink | None) -> ExportStats:

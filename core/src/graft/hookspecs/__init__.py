@@ -16,8 +16,10 @@ for every hook:
 
 The specs live in this package's modules, by concept: `registration` (what a plugin declares:
 sections, rules, settings, families and every registry), `training` (model build, micro-batches,
-the compute wrapper, loss, step), `rollout` and `weights` (checkpoint loading, export). This
-module is the contract's table of contents: every spec is importable from it.
+the compute wrapper, loss, step, the ranks' roles), `rollout` (generation, who runs the rewards,
+where the experience comes from) and `weights`
+(checkpoint loading, export). This module is the contract's table of contents: every spec is
+importable from it.
 """
 
 import pluggy
@@ -47,7 +49,9 @@ from graft.hookspecs.registration import (  # noqa: E402
 )
 from graft.hookspecs.rollout import (  # noqa: E402
     graft_episode_runner,
+    graft_experience_source,
     graft_inference_copy,
+    graft_reward_executor,
     graft_rollout_begin,
     graft_rollout_end,
     graft_static_decoder,
@@ -58,6 +62,8 @@ from graft.hookspecs.training import (  # noqa: E402
     graft_post_forward,
     graft_pre_shard,
     graft_prepare_inputs,
+    graft_rank_roles,
+    graft_role_runner,
     graft_step_begin,
     graft_step_end,
 )
@@ -77,6 +83,7 @@ __all__ = [
     "graft_config_sections",
     "graft_environments",
     "graft_episode_runner",
+    "graft_experience_source",
     "graft_export_slots",
     "graft_inference_copy",
     "graft_loss_agg_modes",
@@ -88,11 +95,14 @@ __all__ = [
     "graft_pre_shard",
     "graft_preflight",
     "graft_prepare_inputs",
+    "graft_rank_roles",
+    "graft_reward_executor",
     "graft_reward_functions",
     "graft_rollout_begin",
     "graft_rollout_corrections",
     "graft_rollout_end",
     "graft_rollout_engines",
+    "graft_role_runner",
     "graft_static_decoder",
     "graft_step_begin",
     "graft_step_end",

@@ -153,13 +153,14 @@ def graft_reward_functions() -> dict[str, Any]:
     plugins adding a reward (a verifier, a reward model call); every rank.
 
     Return ``{name: fn}`` or ``{name: graft.rl.RewardFunction(fn, data_sources=..., pool=...)}``
-    (the ``data_source`` values ``algorithm.reward=auto`` scores with it; threads or worker
-    processes). ``fn`` is called with keyword arguments and gets those it declares of
+    (the ``data_source`` values ``algorithm.reward=auto`` scores with it; where it wants to
+    run: threads or worker processes). ``fn`` is called with keyword arguments and gets those it declares of
     ``response`` (the decoded response, without special tokens), ``sample`` (the
     sample it answers: ``prompt``, ``answer``, ``data_source``,
     ``extra_info``, ``origin``) and ``cfg`` (the root config); it returns a number. It runs in
-    a pool of ``algorithm.reward_workers`` threads or processes, each sample within
-    ``algorithm.reward_timeout_s``. A function needing any other argument is refused when the
+    the trainer's thread, or where a ``graft_reward_executor`` plugin runs it (graft-reward-pool:
+    ``features.reward_pool.workers`` threads or processes, each sample within
+    ``features.reward_pool.timeout_s``). A function needing any other argument is refused when the
     plugin registers. Two providers of one name is an error. Must not mutate anything.
     Not ``firstresult``.
     """

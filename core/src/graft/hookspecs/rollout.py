@@ -1,5 +1,5 @@
 """Rollout hooks (RL): generation, or a plugin's episodes in its place, and what plugins record
-during it; the static decode's copy and its decode loop."""
+during it; who runs the rewards of its samples; the static decode's copy and its decode loop."""
 
 from __future__ import annotations
 
@@ -35,6 +35,30 @@ def graft_episode_runner(cfg: Any, tokenizer: Any, env: Any) -> Any:
     also one without prompts, and must keep the engine's collectives paired. Return None to
     pass: one response per prompt from the engine. Must not mutate anything.
     ``firstresult``: the first runner returned is used.
+    """
+
+
+@hookspec(firstresult=True)
+def graft_reward_executor(cfg: Any) -> Any:
+    """Run the rewards of an RL run's samples somewhere other than the trainer's thread.
+
+    When: once per RL run, when the RL job builds its reward scorer (before the model is built),
+    and for every `graft.rl` reward scorer built outside a run (a benchmark); on every rank,
+    each for its own samples. Who: a plugin that runs rewards in workers (graft-reward-pool:
+    threads or processes, each sample within a time limit) or on a service. ``cfg`` is the
+    root config (the rewards get it whole).
+
+    Return a `graft.rl.RewardExecutor`: ``start(rewards)`` once, with the
+    `graft.rl.RewardFunction` objects the run's samples use (start workers there: each says
+    where it wants to run, ``pool``, and what to import first, ``preload``); ``score(tasks)``
+    for each batch of ``(reward, response, sample)`` tasks, returning a
+    `graft.rl.RewardBatchResult` (the scores in order, each failed sample a
+    `graft.rl.RewardFailure`; `graft.rl.run_reward` calls one reward; a reward's
+    `graft.errors.GraftError` is raised as it is); ``metrics()`` after each ``score`` (its
+    counts join the step's metrics, next to the core's ``reward_errors``); ``close()`` at the
+    run's end. Return None to pass: the core calls each reward in the calling thread, in
+    order, without a time limit (`graft.rl.InlineRewards`). Must not mutate ``cfg``.
+    ``firstresult``: the first executor returned is used.
     """
 
 
@@ -123,4 +147,24 @@ def graft_static_decoder(model: torch.nn.Module, pad_token_id: int, eos_token_id
     May mutate ``model`` (its attention implementation, its blocks' ``forward``), keeping every
     parameter: the copy is refreshed in place after every update and the loop must read it.
     ``firstresult``: the first decoder returned is used.
+    """
+
+
+@hookspec(firstresult=True)
+def graft_experience_source(cfg: Any, job: Any, engine: Any, env: Any, run_dir: Any) -> Any:
+    """Supply the RL steps' scored rollouts from elsewhere than the trainer's own engine.
+
+    When: once per RL run, when the RL job attaches (after a resume, before the first step);
+    on every training rank. Who: a plugin that generates on other ranks or machines
+    (graft-async-rl: rollout workers that generate ahead with weights up to
+    ``features.async_rl.max_staleness`` updates old). ``job`` is the `graft.rl.RLJob`
+    (its sampler, prompts and `collect`), ``engine`` the trainer's engine (its ``model``),
+    ``env`` the rank's `graft.engine.DistEnv`, ``run_dir`` the run's directory.
+
+    Return a `graft.rl.ExperienceSource`: each step its ``experience(step, prompt_indices)`` is
+    what the rank trains on, and after the update ``publish(engine, step)`` hands on the new
+    weights; its ``state_dict`` joins the checkpoint. The job then builds no rollout engine.
+    Return None to pass: the job generates with ``rollout.engine`` on the training ranks.
+    Must not mutate ``cfg``, ``job``'s sampler (the job draws each step's prompts) or
+    ``engine``'s weights. ``firstresult``: the first source returned is used.
     """

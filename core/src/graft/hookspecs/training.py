@@ -168,3 +168,43 @@ def graft_step_end(step: int, metrics: dict[str, float]) -> None:
     May mutate ``metrics`` only by adding entries (prefix them with the plugin name, e.g.
     ``offload/host_gb``); must not change or remove the core's entries. Not ``firstresult``.
     """
+
+
+# --------------------------------------------------------------------------------------------
+# Roles: ranks of the run that do something other than train.
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def graft_rank_roles(cfg: Any, world_size: int) -> dict[str, list[int]] | None:
+    """Split the run's ranks into roles.
+
+    When: once per run, before the process group's meshes are built; on every rank (each must
+    get the same answer). Who: a plugin whose ranks do other work than training (graft-async-rl:
+    rollout workers). ``cfg`` is the composed root config; ``world_size`` the number of ranks
+    torchrun started (1 without torchrun).
+
+    Return global ranks by role name: ``trainer`` (rank 0, which writes the run's files, and
+    others) and the plugin's own roles; every rank exactly once. Each role gets meshes of its own (`graft.engine.DistEnv` ``role``,
+    ``role_ranks``, ``group``; the trainers' with ``engine.ep_size`` and the sequence-parallel
+    size), the trainers build and train the model, and a rank of another role runs what
+    ``graft_role_runner`` returns for it. Return None to pass: every rank trains. Must not
+    mutate ``cfg``. ``firstresult``: the first split returned is used.
+    """
+
+
+@hookspec(firstresult=True)
+def graft_role_runner(role: str, cfg: Any, env: Any, run_dir: Any) -> Any:
+    """Run a rank whose role is not ``trainer``.
+
+    When: once per run on each rank of such a role, after the process group, the run
+    directory and the resolved config exist, in place of building the model and training.
+    Who: the plugin that gave the role (``graft_rank_roles``). ``cfg`` is the root config with
+    its ``auto`` settings chosen, ``env`` the rank's `graft.engine.DistEnv`, ``run_dir`` the
+    run's directory (a `pathlib.Path`; rank 0 of the trainers writes it).
+
+    Return a callable taking no arguments: the trainer calls it where a training rank trains
+    (`graft.Trainer.fit`); it returns when the run ends and raises what should
+    stop the run. Return None to pass. Must not mutate ``cfg`` or ``env``.
+    ``firstresult``: the first runner returned is used.
+    """

@@ -85,15 +85,19 @@ def build_empty_model(model_cfg: ModelConfig, *, manager: GraftPluginManager | N
 
 
 def load_pretrained_weights(model: torch.nn.Module, model_cfg: ModelConfig, *,
-                            is_main: bool) -> None:
+                            is_main: bool, every_rank_reads: bool = False) -> None:
     """Fill a sharded model (`build_empty_model`, then parallelized) from ``model.path``: rank 0
     reads the checkpoint (``from_pretrained`` on CPU: one host copy for the whole run) and each
-    parameter is broadcast and kept as each rank's shard. Call on every rank."""
+    parameter is broadcast and kept as each rank's shard. Call on every rank.
+
+    ``every_rank_reads``: each rank reads the checkpoint itself and nothing is broadcast (one
+    host copy per rank): for ranks split into roles (``graft_rank_roles``), whose models are
+    sharded over a part of the ranks while torch's broadcast spans them all."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoModelForCausalLM
 
     full: dict[str, Any] = {}
-    if is_main:
+    if is_main or every_rank_reads:
         model_weights(model_cfg.path)
         config, _ = resolve_config(model_cfg)
         source = AutoModelForCausalLM.from_pretrained(model_cfg.path, config=config,
@@ -101,8 +105,8 @@ def load_pretrained_weights(model: torch.nn.Module, model_cfg: ModelConfig, *,
                                                       **_model_kwargs(model_cfg))
         full = source.state_dict()
         del source
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True,
-                                                               broadcast_from_rank0=True))
+    set_model_state_dict(model, full, options=StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=not every_rank_reads))
 
 
 def _model_kwargs(model_cfg: ModelConfig) -> dict[str, Any]:

@@ -6,7 +6,9 @@ every rank sees the same plugins.
 
 For a plugin that consumes a registry (graft-multiturn's environments): `collect_named` (every
 plugin's named objects of a registry hook, one name from two plugins a `PluginError`) and
-`call_with_keywords` (a registry's function called with the keywords it declares).
+`call_with_keywords` (a registry's function called with the keywords it declares). For a
+plugin that imports a module it does not declare (a reward's dependency, in a worker process):
+`install_hint` (the pip command that installs it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 
 import pluggy
 
-from graft.plugins.discovery import DISABLE_ENV, allowlist_from_env, disabled_from_env
+from graft.plugins.discovery import DISABLE_ENV, allowlist_from_env, disabled_from_env, install_hint
 from graft.plugins.keywords import call_with_keywords
 from graft.plugins.manager import ConfigSection, GraftPluginManager, PluginRecord
 from graft.plugins.registry import collect_named
@@ -29,6 +31,7 @@ __all__ = [
     "collect_named",
     "get_plugin_manager",
     "hook",
+    "install_hint",
     "load_plugins",
 ]
 

@@ -7,29 +7,31 @@ over each mini-batch). The old log-probs are recomputed when the step updates mo
 update's own: the ratio is 1 by construction) and with an off-policy correction
 (``algorithm.rollout_correction``, `graft.rl.corrections`), which weights each token's policy
 loss by the ratio of the old log-probs to the rollout's. After the update the rollout engine
-receives the new weights. With a held-out set the job validates (`graft.rl.validation`) and it
+receives the new weights. A plugin may supply each step's scored samples instead
+(``graft_experience_source``, `graft.rl.experience`: graft-async-rl's rollout workers), which
+then receive the weights; `RLJob.collect` is what such workers run. With a held-out set the job validates (`graft.rl.validation`) and it
 writes a few of each step's generations to ``samples.jsonl`` (`graft.training.samples`), in
 `after_step`.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from graft.data.dataset import load_prompts, load_validation_prompts
 from graft.data.sampler import EpochSampler
 from graft.engine.batch.micro_batch import MicroBatch, TokenSample
-from graft.engine.distributed.env import DistEnv, all_reduce, share_within_sp
+from graft.engine.distributed.env import DistEnv, share_within_sp
 from graft.engine.distributed.parallelize import build_parallel_model
 from graft.engine.phase import OLD_LOGPROBS, REF_LOGPROBS, ROLLOUT_LOGPROBS
 from graft.engine.train_engine import LossFn, TrainEngine
+from graft.errors import ConfigError
 from graft.losses.aggregation import loss_scale_factor
 from graft.losses.contract import is_token_separable, token_separable
 from graft.losses.policy import kl_penalty
@@ -37,8 +39,11 @@ from graft.losses.registry import policy_losses
 from graft.plugins import get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
 from graft.rl.advantages import advantage_estimators, compute_advantages
+from graft.rl.batch_shaping import BatchShaper
 from graft.rl.corrections import WEIGHTS, apply_correction, rollout_corrections
+from graft.rl.experience import Experience, ExperienceSource, sample_seed
 from graft.rl.rewards import RewardScorer
+from graft.rl.step_metrics import EXACT_FRACTION, MISMATCH, mismatch_metrics, rollout_metrics
 from graft.rl.validation import Validator
 from graft.rollout.types import EpisodeBatch, EpisodeRunner, RolloutEngine, RolloutSample, SamplingSpec
 from graft.training.job import validation_due
@@ -47,10 +52,6 @@ from graft.training.samples import SampleLog, format_sample, sample_records, sho
 
 if TYPE_CHECKING:
     from graft.config.schema import GraftConfig
-
-MISMATCH = "train_infer_logprob_diff"
-# share of response tokens whose rollout log-prob equals the trainer's bit for bit
-EXACT_FRACTION = "train_infer_logprob_exact_fraction"
 
 
 def rl_loss(*, cfg: GraftConfig, on_policy: bool = False) -> LossFn:
@@ -121,32 +122,92 @@ class RLJob:
                                  cfg.rollout.max_new_tokens)
         self.rollout: RolloutEngine | None = None
         self.reference: TrainEngine | None = None
+        self.source: ExperienceSource | None = None  # a plugin's, in place of `collect`
+        self.engine: TrainEngine | None = None  # a rollout worker's own copy (`for_rollouts`)
+        self.steps_done = 0
+        self._source_state: dict[str, Any] | None = None  # a checkpoint's, until `attach`
         # a plugin's runner in place of one generate per prompt (graft-multiturn's episodes)
         self.episodes: EpisodeRunner | None = get_plugin_manager().hook.graft_episode_runner(
             cfg=cfg, tokenizer=tokenizer, env=env)
 
-    def attach(self, engine: TrainEngine, run_dir: Path) -> None:
-        """Start the rollout engine (and the frozen reference for the KL penalty)."""
+    @classmethod
+    def for_rollouts(cls, cfg: GraftConfig, *, env: DistEnv, run_dir: Path) -> RLJob:
+        """A job that only collects, for a rank of a plugin's role (``graft_role_runner``: a
+        rollout worker). It builds its own copy of the policy on ``env``'s ranks (``cfg.model``
+        from the seed or ``model.path``; no optimizer) in ``job.engine`` and the engine
+        ``rollout.engine`` names on it in ``job.rollout``. `collect` generates and scores; whoever
+        changes ``job.engine.model``'s weights then calls ``job.rollout.sync_weights()``."""
+        from graft.data.tokenizer import load_tokenizer
+        from graft.engine.distributed.parallelize import mixed_precision_policy
         from graft.rollout.builtin import build_rollout
 
-        self.rollout = build_rollout(cfg=self.cfg, engine=engine, env=self.env, run_dir=run_dir,
-                                     tokenizer=self.tokenizer)
+        tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.model.path)
+        job = cls(cfg, tokenizer, env)
+        model, family = build_parallel_model(env, cfg=cfg)
+        policy = mixed_precision_policy(cfg.engine.mixed_precision, env.device)
+        dtype = policy.param_dtype or next(model.parameters()).dtype
+        job.engine = TrainEngine(model, family, None, None, env, cfg, dtype,
+                                 tokenizer.pad_token_id)
+        job.rollout = build_rollout(cfg=cfg, engine=job.engine, env=env, run_dir=run_dir,
+                                    tokenizer=tokenizer)
+        return job
+
+    def attach(self, engine: TrainEngine, run_dir: Path) -> None:
+        """Start the rollout engine, or a plugin's `ExperienceSource` in its place
+        (``graft_experience_source``), and the frozen reference for the KL penalty."""
+        from graft.rollout.builtin import build_rollout
+
+        self.source = get_plugin_manager().hook.graft_experience_source(
+            cfg=self.cfg, job=self, engine=engine, env=self.env, run_dir=run_dir)
+        if self.source is not None and self.validator is not None:
+            raise ConfigError("validation (data.val_path with trainer.val_every_steps) runs on the "
+                              "trainers' own rollout engine, which a plugin's experience source "
+                              "replaces (graft_experience_source); set trainer.val_every_steps=0")
+        if self.source is None:
+            self.rollout = build_rollout(cfg=self.cfg, engine=engine, env=self.env,
+                                         run_dir=run_dir, tokenizer=self.tokenizer)
+        elif self._source_state is not None:
+            self.source.load_state_dict(self._source_state)
         self.sample_log = SampleLog(run_dir, enabled=self.env.is_main
                                     and self.cfg.trainer.log_samples > 0)
         if self.cfg.loss.kl_coef > 0:
             self.reference = build_reference(self.env, engine, cfg=self.cfg)
 
     def step(self, engine: TrainEngine) -> dict[str, float]:
-        """One RL step on this rank's share of ``rollout.prompts_per_step`` prompts."""
+        """One RL step on this rank's share of ``rollout.prompts_per_step`` prompts: their
+        scored rollouts (`collect`, or the plugin's `ExperienceSource`), the update, and the
+        new weights handed to whatever generates next."""
+        self.steps_done += 1
+
+        def draw() -> Experience:  # one round: a fresh draw of the step's prompt count
+            indices = self.sampler.next_batch(self.cfg.rollout.prompts_per_step)
+            if self.source is None:
+                return self.collect(indices[self.env.dp_rank::self.env.dp_size],
+                                    step=self.steps_done)
+            return self.source.experience(self.steps_done, indices)
+
+        # dynamic sampling and the overlong filter or penalty (`graft.rl.batch_shaping`; off:
+        # one draw, unchanged); a plugin's source is shaped without drawing again
+        shaper = BatchShaper(self.cfg, self.env, self.tokenizer.eos_token_id)
+        experience, shaped = shaper.shape(draw, refill=self.source is None)
+        metrics = self.train_on(engine, experience)
+        metrics.update(shaped)  # response_truncated_fraction as read before the filter's mask
+        metrics.update(self.rollout.sync_weights() if self.source is None
+                       else self.source.publish(engine, self.steps_done))
+        return metrics
+
+    def collect(self, prompt_indices: Sequence[int], *, step: int) -> Experience:
+        """Generate ``rollout.n`` samples for each of the prompts ``prompt_indices`` (positions
+        in the dataset) with this job's rollout engine, and score them. ``step`` is the RL
+        step they are for (1-based; it keys the sampling under ``rollout.seeded_sampling``).
+        Used by `step` in the colocated mode, and by a plugin's rollout workers."""
         hook = get_plugin_manager().hook
-        indices = self.sampler.next_batch(self.cfg.rollout.prompts_per_step)
-        local = indices[self.env.dp_rank::self.env.dp_size]
         n = self.cfg.rollout.n
-        prompts = [self.prompts[i] for i in local for _ in range(n)]
+        prompts = [self.prompts[i] for i in prompt_indices for _ in range(n)]
+        texts = [self.texts[i] for i in prompt_indices for _ in range(n)]
         kind = self.rollout.kind
         hook.graft_rollout_begin(engine=kind, rollout=self.rollout, cfg=self.cfg,
                                  model=self.rollout.model)
-        texts = [self.texts[i] for i in local for _ in range(n)]
         started = time.perf_counter()
         episodes = None
         if self.episodes is not None:
@@ -154,7 +215,8 @@ class RLJob:
             self.episodes.check_failures(episodes)  # a warning; a PluginError after a streak
             samples = episodes.samples
         else:
-            samples = self.rollout.generate(prompts, self.spec) if prompts else []
+            spec = self._spec_for(prompt_indices, step=step)
+            samples = self.rollout.generate(prompts, spec) if prompts else []
         rollout_s = time.perf_counter() - started
         hook.graft_rollout_end(samples=samples, engine=kind, rollout=self.rollout, cfg=self.cfg)
         # Sequence parallelism: the sp ranks of one data-parallel rank generated for the same
@@ -162,23 +224,45 @@ class RLJob:
         samples = share_within_sp(samples, self.env)
         responses = [self._decode(s) for s in samples]
         rewards = torch.tensor(self._score(responses, texts, episodes), dtype=torch.float64)
+        metrics = {**self.rewards.metrics(), **(episodes.metrics if episodes is not None else {})}
+        return Experience(list(prompt_indices), texts, samples, rewards, rollout_s, metrics)
+
+    def _spec_for(self, prompt_indices: Sequence[int], *, step: int) -> SamplingSpec:
+        """The step's sampling: under ``rollout.seeded_sampling`` each sample's own seed
+        (`sample_seed` of the run's seed, ``step``, its prompt's index and its number among
+        the prompt's ``rollout.n``), else the engine's generator."""
+        if not self.cfg.rollout.seeded_sampling:
+            return self.spec
+        n, seed = self.cfg.rollout.n, self.cfg.trainer.seed
+        seeds = tuple(sample_seed(seed, step, index, number)
+                      for index in prompt_indices for number in range(n))
+        return dataclasses.replace(self.spec, seeds=seeds)
+
+    def train_on(self, engine: TrainEngine, experience: Experience) -> dict[str, float]:
+        """The update on ``experience`` (this rank's share of the step's samples): advantages,
+        the log-probs each pass needs, ``ppo_epochs`` x mini-batch optimizer steps; the step's
+        metrics (the rollout's included)."""
+        n = self.cfg.rollout.n
+        samples, rewards, texts = experience.samples, experience.rewards, experience.texts
+        responses = [self._decode(s) for s in samples]
         self._records = self._sample_records("train", texts, samples, responses,
                                              rewards.tolist(), group_size=n)
         advantages = compute_advantages(self.estimator, rewards, group_size=n, cfg=self.cfg)
         started = time.perf_counter()
         batches = self._micro_batches(engine, samples, advantages)
         algorithm = self.cfg.algorithm
-        # a correction weighs by the trainer's old log-probs: they are recomputed
+        # a correction weighs by the trainer's old log-probs: they are recomputed, as they are
+        # when the samples may come from an older policy (a plugin's `ExperienceSource`)
         on_policy = (self._updates(batches) == 1 and algorithm.old_logprobs == "auto"
-                     and algorithm.rollout_correction == "none")
+                     and algorithm.rollout_correction == "none"
+                     and (self.source is None or self.source.on_policy))
         mismatch = self._add_logprobs(engine, batches, samples, on_policy=on_policy)
         metrics = {**self._update(engine, batches, on_policy=on_policy), **mismatch}
         update_s = time.perf_counter() - started
-        metrics.update(self.rollout.sync_weights())
-        metrics.update(self._rollout_metrics(samples, rewards, rollout_s, update_s))
-        metrics.update(self.rewards.metrics())
-        if episodes is not None:
-            metrics.update(episodes.metrics)
+        metrics.update(rollout_metrics(samples, rewards, env=self.env, rollout_s=experience.rollout_s,
+                                       update_s=update_s, max_new_tokens=self.spec.max_new_tokens,
+                                       eos_token_id=self.tokenizer.eos_token_id))
+        metrics.update(experience.metrics)
         return metrics
 
     def _score(self, responses: list[str], texts: list[Any],
@@ -270,7 +354,7 @@ class RLJob:
             olds = engine.logprobs(batches, phase=OLD_LOGPROBS)
             for batch, old in zip(batches, olds, strict=True):
                 batch.tensors["old_logprobs"] = old
-            mismatch = self._mismatch(batches)
+            mismatch = mismatch_metrics(batches, self.env)
             if self.correction is not None:
                 mismatch.update(apply_correction(batches, self.correction, self.env,
                                                  cfg=self.cfg))
@@ -279,23 +363,6 @@ class RLJob:
                                   strict=True):
                 batch.tensors["ref_logprobs"] = ref
         return mismatch
-
-    def _mismatch(self, batches: list[MicroBatch]) -> dict[str, float]:
-        """Mean |old - rollout| log-prob per response token and the share of those tokens
-        where the two are bit-equal, over all ranks (weighted by the loss mask)."""
-        diff_sum = equal = count = 0.0
-        for batch in batches:
-            mask = batch.tensors["loss_mask"]
-            old, rollout = batch.tensors["old_logprobs"], batch.tensors["rollout_logprobs"]
-            # `where`, not `* mask`: whatever the pad holds cannot reach the sum (inf * 0 = nan).
-            diff = torch.where(mask != 0, (old - rollout).abs() * mask, 0.0)
-            diff_sum += float(diff.sum())
-            equal += float(torch.where(mask != 0, (old == rollout) * mask, 0.0).sum())
-            count += float(mask.sum())
-        totals = all_reduce(torch.tensor([diff_sum, equal, count], dtype=torch.float64,
-                                         device=self.env.device), group=self.env.dp_group)
-        tokens = max(float(totals[2]), 1.0)
-        return {MISMATCH: float(totals[0]) / tokens, EXACT_FRACTION: float(totals[1]) / tokens}
 
     def _update(self, engine: TrainEngine, batches: list[MicroBatch], *,
                 on_policy: bool) -> dict[str, float]:
@@ -321,55 +388,20 @@ class RLJob:
             metrics[name] = sum(r.metrics[name] for r in results) / len(results)
         return metrics
 
-    def _rollout_metrics(self, samples: Sequence[RolloutSample], rewards: torch.Tensor,
-                         rollout_s: float, update_s: float) -> dict[str, float]:
-        """The step's rewards, lengths (tokens; a response's counts its environment tokens)
-        and timings over all data-parallel ranks; ``response_truncated_fraction`` is the share
-        of responses cut at ``rollout.max_new_tokens`` (their last model turn: no ``eos``)."""
-        lengths = [len(s.response_ids) for s in samples]
-        stats = all_reduce(torch.tensor(
-            [float(rewards.sum()), float(rewards.square().sum()), float(len(samples)),
-             float(sum(lengths)), float(sum(len(s.prompt_ids) for s in samples)),
-             float(sum(self._truncated(s) for s in samples))],
-            dtype=torch.float64, device=self.env.device), group=self.env.dp_group)
-        # max of the lengths and of their negatives: the longest and the shortest response
-        extremes = all_reduce(torch.tensor(
-            [max(lengths, default=-math.inf), -min(lengths, default=math.inf)],
-            dtype=torch.float64, device=self.env.device), op=dist.ReduceOp.MAX,
-            group=self.env.dp_group)
-        total, squares, count, generated, prompted, truncated = (float(v) for v in stats)
-        count = max(count, 1.0)
-        mean = total / count
-        longest, shortest = (float(v) if math.isfinite(v) else 0.0
-                             for v in (extremes[0], -extremes[1]))
-        return {"reward_mean": mean,
-                "reward_std": max(squares / count - mean * mean, 0.0) ** 0.5,
-                "response_length": generated / count, "response_length_max": longest,
-                "response_length_min": shortest, "response_truncated_fraction": truncated / count,
-                "prompt_length": prompted / count, "rollout_s": rollout_s,
-                "update_s": update_s, "rollout_tokens_per_s": generated / max(rollout_s, 1e-9)}
-
-    def _truncated(self, sample: RolloutSample) -> bool:
-        """Whether the response's last model turn (all of a single-turn response) ran to
-        ``rollout.max_new_tokens`` without ``eos``."""
-        turn = sample.response_ids
-        if sample.loss_mask is not None:  # an episode: its last run of model tokens
-            model = sample.loss_mask.tolist()
-            end = max((i + 1 for i, m in enumerate(model) if m), default=0)
-            start = end
-            while start > 0 and model[start - 1]:
-                start -= 1
-            turn = turn[start:end]
-        return (len(turn) >= self.spec.max_new_tokens
-                and turn[-1] != self.tokenizer.eos_token_id)
-
     def state_dict(self) -> dict[str, Any]:
-        """The prompt position (for checkpoints)."""
-        return {"sampler": self.sampler.state_dict()}
+        """The prompt position and the steps done (for checkpoints), and a plugin's
+        `ExperienceSource` state."""
+        state = {"sampler": self.sampler.state_dict(), "steps": self.steps_done}
+        if self.source is not None:
+            state["source"] = self.source.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a saved prompt position."""
+        """Continue from a saved prompt position (a checkpoint older than the step count
+        counts from 0)."""
         self.sampler.load_state_dict(state["sampler"])
+        self.steps_done = int(state.get("steps", 0))
+        self._source_state = state.get("source")
 
     def close(self) -> None:
         """Stop the rollout engine and the reward workers, and drop the frozen reference (at
@@ -377,7 +409,9 @@ class RLJob:
         self.rewards.close()
         if self.rollout is not None:
             self.rollout.close()
-        self.rollout = self.reference = None
+        if self.source is not None:
+            self.source.close()
+        self.rollout = self.reference = self.source = None
 
 
 def _validator(tokenizer: Any, env: DistEnv, *, cfg: GraftConfig) -> Validator | None:

@@ -1,7 +1,7 @@
 """The reward registry (core and plugins), which reward scores each sample, and scoring a batch.
 
 A registry entry is a function or a `RewardFunction` (the function, the ``data_source`` values
-it scores under ``algorithm.reward=auto``, and whether it runs in threads or processes). Every
+it scores under ``algorithm.reward=auto``, and where an executor should run it). Every
 reward is called with keyword arguments, getting those it declares of ``response`` (the
 decoded response, without special tokens), ``sample`` (the `graft.data.tasks.TextSample` it
 answers: ``prompt``, ``answer``, ``data_source``, ``extra_info``, ``origin``) and ``cfg`` (the
@@ -27,9 +27,10 @@ logger = logging.getLogger("graft.rl")
 
 if TYPE_CHECKING:
     from graft.config.schema import GraftConfig
-    from graft.rl.reward_pool import RewardFailure
+    from graft.rl.reward_executor import RewardExecutor, RewardFailure
 
 RewardFn = Callable[..., float]
+# Where a reward wants to run (`RewardFunction.pool`), for an executor that honours it.
 POOLS = ("thread", "process")
 
 
@@ -40,13 +41,15 @@ class RewardFunction:
     ``fn``: the reward (keywords ``response``, ``sample``, ``cfg``; any subset). ``data_sources``:
     the ``data_source`` values (verl's column: ``openai/gsm8k``, ``lighteval/MATH``...) whose
     samples ``algorithm.reward=auto`` scores with it; two rewards claiming one value is an
-    error. ``pool``: where it runs under ``algorithm.reward_pool=auto``: ``thread`` (cheap or
-    I/O-bound: a call to a reward server) or ``process`` (CPU-bound Python such as sympy, which
-    threads would run one at a time under the GIL; a sample past ``algorithm.reward_timeout_s``
-    is stopped by killing its worker). A ``process`` reward must be a module-level function
-    (it is pickled by name). ``preload``: modules a worker imports before it starts the clock
-    on its first sample (the reward's heavy dependencies, when its own module imports them
-    lazily to keep config validation fast).
+    error. ``pool`` and ``preload`` are declarations a `graft.rl.RewardExecutor` may honour
+    (graft-reward-pool's does; the core's, without such a plugin, calls every reward in the
+    trainer's thread and uses neither). ``pool``: where the reward wants to run: ``thread``
+    (cheap or I/O-bound: a call to a reward server) or ``process`` (CPU-bound Python such as
+    sympy, which threads would run one at a time under the GIL; a sample past the executor's
+    time limit is stopped by killing its worker). A ``process`` reward must be a module-level
+    function (it is pickled by name). ``preload``: modules a worker imports before it starts
+    the clock on its first sample (the reward's heavy dependencies, when its own module imports
+    them lazily to keep config validation fast).
     """
 
     fn: RewardFn
@@ -133,70 +136,47 @@ def _origin(sample: TextSample) -> str:
 
 
 class RewardScorer:
-    """Scores a step's responses: each sample's reward (`RewardChooser`), run in a pool of
-    ``algorithm.reward_workers`` threads or processes (`graft.rl.reward_pool.RewardPool`), each
-    sample within ``algorithm.reward_timeout_s`` (past it the sample scores 0 and is counted in
-    ``reward_timeouts``). A sample whose reward fails (raises, returns no finite number, ends
-    its worker process) stops the run under ``algorithm.reward_errors=stop``; under ``zero`` it
-    scores 0 and is counted in ``reward_errors``. The pools start on first use, or with
-    ``samples`` (the dataset) at once the pools their rewards need, so worker processes start
-    while the model loads; `close` stops them. ``cfg`` is the root config (the rewards get it
-    whole)."""
+    """Scores a step's responses: each sample's reward (`RewardChooser`), run by the
+    `graft.rl.RewardExecutor` a ``graft_reward_executor`` plugin returns (graft-reward-pool: a
+    pool of threads or processes, each sample within a time limit), else in the calling thread,
+    in order, without a time limit (`graft.rl.InlineRewards`). A sample whose
+    reward fails (raises, returns no finite number, ends its worker process) stops the run under
+    ``algorithm.reward_errors=stop``; under ``zero`` it scores 0 and is counted in
+    ``reward_errors``. The executor starts with ``samples`` (the dataset) the rewards they need,
+    so worker processes start while the model loads; `close` stops it. ``cfg`` is the root
+    config (the rewards get it whole); ``manager`` the plugin manager (the process's by
+    default)."""
 
     def __init__(self, samples: Sequence[TextSample] = (),
                  manager: GraftPluginManager | None = None, *, cfg: GraftConfig) -> None:
-        from graft.rl.reward_pool import RewardPool
+        from graft.rl.reward_executor import InlineRewards
 
         algorithm = cfg.algorithm
         self.choose = RewardChooser(algorithm.reward, cfg.data.source, manager)
         self.names = {id(reward): name for name, reward in self.choose.rewards.items()}
         self.on_error = algorithm.reward_errors
         self.errors = 0
-        self.forced_pool = None if algorithm.reward_pool == "auto" else algorithm.reward_pool
-        self.pools = {kind: RewardPool(kind, workers=algorithm.reward_workers,
-                                       timeout_s=algorithm.reward_timeout_s, cfg=cfg)
-                      for kind in POOLS}
-        self.timeouts = 0
-        needed: dict[str, list[RewardFunction]] = {}
-        for reward in {self.choose(sample) for sample in samples}:
-            needed.setdefault(self.forced_pool or reward.pool, []).append(reward)
-        for kind, rewards in needed.items():
-            self.pools[kind].start(tuple(m for reward in rewards for m in reward.preload))
+        hook = (manager or get_plugin_manager()).hook
+        self.executor: RewardExecutor = (hook.graft_reward_executor(cfg=cfg)
+                                         or InlineRewards(cfg=cfg))
+        self.executor.start(list(dict.fromkeys(self.choose(sample) for sample in samples)))
 
     def score(self, responses: Sequence[str], samples: Sequence[TextSample]) -> list[float]:
         """One reward per response (``responses[i]`` answers ``samples[i]``), in order."""
         if len(responses) != len(samples):
             raise ValueError(f"{len(responses)} responses for {len(samples)} samples")
-        groups: dict[str, list[int]] = {kind: [] for kind in POOLS}
         chosen = [self.choose(sample) for sample in samples]
-        for index, reward in enumerate(chosen):
-            groups[self.forced_pool or reward.pool].append(index)
-        scores = [0.0] * len(samples)
-        failures: dict[int, RewardFailure] = {}
-        self.timeouts = self.errors = 0
-        for kind, indices in groups.items():
-            if not indices:
-                continue
-            result = self.pools[kind].score([(chosen[i], responses[i], samples[i])
-                                             for i in indices])
-            for index, value in zip(indices, result.scores, strict=True):
-                scores[index] = value
-            failures.update((indices[position], failure)
-                            for position, failure in result.failures.items())
-            self.timeouts += len(result.timed_out)
-            for position in result.timed_out:
-                logger.warning("the reward of %s took longer than algorithm.reward_timeout_s="
-                               "%s and scores 0", samples[indices[position]].origin
-                               or "a sample", self.pools[kind].timeout_s)
-        if failures:
-            self._failed(failures, chosen, samples)
-        return scores
+        self.errors = 0
+        result = self.executor.score(list(zip(chosen, responses, samples, strict=True)))
+        if result.failures:
+            self._failed(result.failures, chosen, samples)
+        return list(result.scores)
 
     def _failed(self, failures: dict[int, RewardFailure], chosen: list[RewardFunction],
                 samples: Sequence[TextSample]) -> None:
         """Stop (``reward_errors=stop``) with the first failure, or count them (``zero``: they
         scored 0) with one warning for the batch."""
-        from graft.rl.reward_pool import debug_trace, reward_name
+        from graft.rl.reward_executor import debug_trace, reward_name
 
         first = min(failures)
         reward = chosen[first]
@@ -213,11 +193,11 @@ class RewardScorer:
                        "first: %s%s", len(failures), len(samples), message, debug_trace(trace))
 
     def metrics(self) -> dict[str, float]:
-        """This rank's counts of samples of the last `score` that ran past the timeout and
+        """This rank's counts for the last `score`: the executor's (graft-reward-pool's
+        ``reward_timeouts``: samples past its time limit) and ``reward_errors``, the samples
         whose reward failed (``algorithm.reward_errors=zero``); both scored 0."""
-        return {"reward_timeouts": float(self.timeouts), "reward_errors": float(self.errors)}
+        return {**self.executor.metrics(), "reward_errors": float(self.errors)}
 
     def close(self) -> None:
-        """Stop the worker threads and processes (idempotent)."""
-        for pool in self.pools.values():
-            pool.close()
+        """Stop the executor's workers (idempotent)."""
+        self.executor.close()

@@ -31,7 +31,8 @@ def build_embedded(*, cfg: GraftConfig, engine: Any, env: Any, tokenizer: Any) -
                            reshard_blocks=cfg.engine.reshard_after_forward,
                            static_copy_dtype=engine.compute_dtype if static else None,
                            compile_backend=cfg.rollout.decode_compile,
-                           left_padding_exact=engine.family.left_padding_exact, cfg=cfg)
+                           left_padding_exact=engine.family.left_padding_exact, cfg=cfg,
+                           group=env.group)
 
 
 @hookimpl

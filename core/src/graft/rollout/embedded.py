@@ -20,6 +20,7 @@ Generation and its log-probs run inside the plugins' ``graft_compute`` wrappers 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
@@ -28,6 +29,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from graft.engine.head.logprobs import token_logprobs
 from graft.engine.phase import GENERATE, ROLLOUT, SAMPLE_LOGPROBS, compute
+from graft.errors import PluginError
 from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos, refuse_extras
 
 if TYPE_CHECKING:
@@ -47,8 +49,9 @@ class EmbeddedRollout:
                  device: torch.device, reshard_blocks: bool = True,
                  static_copy_dtype: torch.dtype | None = None,
                  compile_backend: str = "inductor", left_padding_exact: bool = True,
-                 cfg: GraftConfig | None = None) -> None:
+                 cfg: GraftConfig | None = None, group: dist.ProcessGroup | None = None) -> None:
         self.model = model
+        self.group = group  # the ranks that generate together (None: all)
         self.cfg = cfg
         self.left_padding_exact = left_padding_exact
         self.reshard_blocks = reshard_blocks
@@ -84,21 +87,33 @@ class EmbeddedRollout:
             # A rank without prompts of a length another rank has still steps along with it
             # (FSDP collectives in every decode step): one stand-in prompt, dropped.
             batch = [prompts[i] for i in rows] or [[self.pad_token_id] * length]
-            for row, sample in zip(rows, self._generate(batch, spec), strict=False):
+            seeds = (None if spec.seeds is None
+                     else tuple(spec.seeds[i] for i in rows) or (0,))
+            for row, sample in zip(rows, self._generate(batch, replace(spec, seeds=seeds)),
+                                   strict=False):
                 samples[row] = sample
         return samples
 
     def _lengths(self, prompts: list[list[int]]) -> list[int]:
         """The prompt lengths to generate for, agreed by every rank that decodes in step."""
         lengths = {len(p) for p in prompts}
-        if self.copy is None and dist.is_initialized() and dist.get_world_size() > 1:
-            every: list[set[int]] = [set() for _ in range(dist.get_world_size())]
-            dist.all_gather_object(every, lengths)
+        if self.copy is None and self._in_step():
+            every: list[set[int]] = [set() for _ in range(dist.get_world_size(self.group))]
+            dist.all_gather_object(every, lengths, group=self.group)
             lengths = set().union(*every)
         return sorted(lengths)
 
+    def _in_step(self) -> bool:
+        """Whether other ranks decode in step with this one (the sharded model's collectives)."""
+        return dist.is_initialized() and dist.get_world_size(self.group) > 1
+
     def _generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
         ids, mask = self._left_pad(prompts)
+        if self.decoder is not None and spec.seeds is not None:
+            raise PluginError("rollout.seeded_sampling: the static decode loop of a plugin "
+                              "(graft_static_decoder) draws from its own generator; set "
+                              "rollout.decode=dynamic, or rollout.decode_compile to inductor "
+                              "or none")
         if self.decoder is not None:
             new_tokens, logprobs = self.decoder.generate(ids, mask, spec)
         else:
@@ -114,6 +129,14 @@ class EmbeddedRollout:
         (temperature 0: greedy, log-probs at temperature 1)."""
         sampling = (dict(do_sample=True, temperature=spec.temperature, top_p=spec.top_p, top_k=0)
                     if spec.temperature > 0 else greedy_options())
+        if spec.seeds is not None and spec.temperature > 0:
+            from transformers import LogitsProcessorList
+
+            from graft.rollout.seeded import SeededSampler
+
+            sampler = SeededSampler(spec.seeds, temperature=spec.temperature, top_p=spec.top_p,
+                                    device=ids.device)
+            sampling = dict(greedy_options(), logits_processor=LogitsProcessorList([sampler]))
         options = dict(input_ids=ids, attention_mask=mask, **sampling,
                        max_new_tokens=spec.max_new_tokens, use_cache=True,
                        pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
@@ -126,7 +149,7 @@ class EmbeddedRollout:
             model.eval()
             with GatheredParameters(model, reshard_blocks=self.reshard_blocks):
                 out = self._compute(GENERATE, model, lambda: model.generate(
-                    **options, synced_gpus=dist.is_initialized() and dist.get_world_size() > 1))
+                    **options, synced_gpus=self._in_step()))
         new_tokens = out.sequences[:, ids.shape[1]:]
         # One decode step at a time, with the trainer's own log-prob function: never a fp32 copy
         # of all (sequences x steps x vocab) logits.

@@ -17,12 +17,16 @@ class SamplingSpec:
     """How to sample: from ``rollout.*`` (training) or ``val.*`` (validation).
 
     ``temperature`` 0 means greedy (the most likely token; validation's default): an engine
-    then draws no random numbers and reports log-probs at temperature 1.
+    then draws no random numbers and reports log-probs at temperature 1. ``seeds``: one per
+    prompt of a `RolloutEngine.generate` call (``rollout.seeded_sampling``): row i's tokens
+    depend only on its seed, its prompt and the weights, never on the other rows; an engine
+    that cannot honour them raises a `PluginError`. None: the engine's own generator.
     """
 
     temperature: float
     top_p: float
     max_new_tokens: int
+    seeds: tuple[int, ...] | None = None
 
 
 @dataclass

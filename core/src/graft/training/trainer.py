@@ -5,19 +5,21 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from graft.checkpoint.manager import CheckpointManager
 from graft.config.auto import choices_comment, describe_choices, resolve_auto
 from graft.data.tokenizer import load_tokenizer
-from graft.engine.distributed.env import DistEnv, init_distributed
+from graft.engine.distributed.env import TRAINER, DistEnv, init_distributed, rank_roles
 from graft.engine.distributed.parallelize import build_parallel_model, mixed_precision_policy
 from graft.engine.distributed.sequence_parallel import sequence_parallel_size
 from graft.engine.train_engine import TrainEngine
-from graft.errors import CheckpointError, ConfigError
+from graft.errors import CheckpointError, ConfigError, PluginError
 from graft.export.hf import export_model_to_hf
 from graft.models.build import load_local_config
 from graft.output_dirs import check_output_dir
@@ -77,7 +79,9 @@ class Trainer:
         self.env = init_distributed(device_preference=cfg.engine.device,
                                     ep_size=cfg.engine.ep_size,
                                     sp_size=sequence_parallel_size(cfg=cfg,
-                                                                   manager=self.manager))
+                                                                   manager=self.manager),
+                                    roles=rank_roles(cfg, self.manager))
+        self.role_runner: Callable[[], Any] | None = None
         self.run_dir = resolve_run_dir(cfg, is_main=self.env.is_main)
         written = cfg
         self.cfg = cfg = self._resolve_auto(cfg)
@@ -88,6 +92,9 @@ class Trainer:
         self.finished_step = finished_step(self.resume_from, cfg.trainer.total_steps)
         if self.finished_step is not None:
             return  # nothing to build: `fit` says the run is complete
+        if self.env.role != TRAINER:
+            self.role_runner = self._role_runner()
+            return
         self.compile_cache_dir = use_compile_cache(cfg.engine.compile_cache_dir)
         self.cache_counters = CacheCounters()
         self._first_step_done = False
@@ -110,6 +117,17 @@ class Trainer:
         if self.env.is_main:  # only now: a rejected resume leaves the run's config.yaml as it was
             write_config(self.run_dir, self.config_yaml)
         self.job.attach(self.engine, self.run_dir)  # after resume: vLLM starts from these weights
+
+    def _role_runner(self) -> Callable[[], Any]:
+        """What this rank runs in place of training: the runner of the plugin that gave it
+        its role (``graft_role_runner``)."""
+        runner = self.manager.hook.graft_role_runner(role=self.env.role, cfg=self.cfg,
+                                                     env=self.env, run_dir=self.run_dir)
+        if runner is None:
+            raise PluginError(f"rank {dist.get_rank()} has the role {self.env.role!r}, which "
+                              f"no plugin runs (graft_role_runner); `graft plugins` lists the "
+                              f"loaded plugins")
+        return runner
 
     def _resolve_auto(self, cfg: Any) -> Any:
         """``cfg`` with its `auto` settings chosen for this rank's device (said on rank 0)."""
@@ -180,7 +198,7 @@ class Trainer:
                                    tokenizer=self.tokenizer, is_main=self.env.is_main,
                                    protected={"the run directory": self.run_dir},
                                    label="the end-of-run export folder",
-                                   hint=f"move it away and rerun{saved}")
+                                   hint=f"move it away and rerun{saved}", group=self.env.group)
         logger.info("exported %d tensors (%.1f MB) to %s in %.2f s", stats.tensors,
                     stats.bytes_total / 1e6, out_dir, stats.seconds)
 
@@ -229,6 +247,9 @@ class Trainer:
             if self.env.is_main:
                 console_print(complete_message(self.run_dir, self.resume_from, total,
                                                hf_at_end=self.cfg.export.hf_at_end))
+            return []
+        if self.role_runner is not None:
+            self.role_runner()
             return []
         every = max(1, self.cfg.trainer.log_every_steps)
         try:

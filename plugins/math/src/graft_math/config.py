@@ -21,6 +21,7 @@ class MathConfig:
     # answer counts.
     extract: str = choice(EXTRACT_STRICT, (EXTRACT_STRICT, EXTRACT_ANY, EXTRACT_BOXED))
     # math-verify's own limit, in whole seconds, on each parse and each comparison (signal
-    # based: it applies in a process pool, algorithm.reward_pool=auto|process; in threads the
-    # sample's limit is algorithm.reward_timeout_s alone).
+    # based: it applies in a main thread: graft-reward-pool's processes,
+    # features.reward_pool.kind=auto|process, or the trainer's thread without that plugin; in
+    # a thread pool the sample's limit is features.reward_pool.timeout_s alone).
     parse_timeout_s: int = bounded(5, ge=1)

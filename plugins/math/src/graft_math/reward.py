@@ -5,9 +5,10 @@ math-verify (``parse``, ``verify``) extracts answers from LaTeX (``\\boxed{}`` f
 within rounding, symbolic equality, sets, intervals, matrices): ``\\frac{1}{2}``, ``0.5`` and
 ``2/4`` are equal. GSM8K's ``#### 42`` (in a response, or in a ground truth that is a full GSM8K
 solution) is read as the answer 42. math-verify's timeouts use ``signal.alarm``, which only
-works in a process's main thread (off it, math-verify refuses with a ValueError): in Graft's
-process pool each sample runs in a worker's main thread and gets them; in a thread pool they
-are off and ``algorithm.reward_timeout_s`` alone bounds a sample.
+works in a process's main thread (off it, math-verify refuses with a ValueError): in
+graft-reward-pool's process pool each sample runs in a worker's main thread and gets them (so
+does the trainer's thread, where rewards run without that plugin); in a thread pool they are off
+and ``features.reward_pool.timeout_s`` alone bounds a sample.
 """
 
 from __future__ import annotations

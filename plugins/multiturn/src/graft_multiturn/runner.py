@@ -35,7 +35,7 @@ def build_episode_runner(*, cfg: GraftConfig, tokenizer: Any, env: Any) -> Episo
         if env is None:
             return count
         return int(_all_reduce(torch.tensor([count], device=env.device),
-                               op=torch.distributed.ReduceOp.MAX).item())
+                               op=torch.distributed.ReduceOp.MAX, group=env.group).item())
 
     def sum_over_ranks(totals: Any) -> Any:
         """``totals`` summed over the data-parallel ranks."""

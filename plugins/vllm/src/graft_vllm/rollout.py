@@ -17,6 +17,7 @@ installed vLLM can return it on this device is checked when it is requested
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,9 @@ class VLLMRollout:
         if problem is not None:  # before the export and vLLM's own (pydantic) refusal
             raise ConfigError(problem)
         self.env = env
+        # the rank that hosts vLLM: the first of those that generate (the trainers, or a
+        # rollout worker's own role)
+        self.hosts = env.rank == 0
         self.cfg = cfg
         self.eos_token_id = tokenizer.eos_token_id
         device = next(model.parameters()).device
@@ -94,9 +98,9 @@ class VLLMRollout:
         self.tracker = DeltaTracker() if self.settings.delta else None
         self.exporter = WeightExporter(
             model, bucket_bytes=default_bucket_bytes(cfg.export.bucket_mb, device),
-            dtype=compute_dtype, is_main=env.is_main, entry_filter=self.tracker)
+            dtype=compute_dtype, is_main=self.hosts, entry_filter=self.tracker, group=env.group)
         init_sink = (hf_directory_sink(model, self.init_dir, dtype=compute_dtype,
-                                       tokenizer=tokenizer) if env.is_main else None)
+                                       tokenizer=tokenizer) if self.hosts else None)
         self.exporter.export(init_sink)  # the engine's first weights (and the delta baseline)
         self.shapes = init_sink.shapes if init_sink is not None else {}
         self.llm: Any = None
@@ -126,7 +130,7 @@ class VLLMRollout:
                                     seed=self.cfg.trainer.seed,
                                     max_model_len=self.settings.max_model_len,
                                     gpu_memory_utilization=self.settings.gpu_memory_utilization,
-                                    in_process=self.env.world_size == 1, **options)
+                                    in_process=_alone(), **options)
         except ValueError as exc:  # vLLM's config validation (pydantic) refusing an option
             if not self.extras:
                 raise
@@ -141,15 +145,21 @@ class VLLMRollout:
         if self.env.world_size == 1:
             return self._generate(prompts, spec)
         per_rank: list[list[list[int]]] = [[] for _ in range(self.env.world_size)]
-        dist.all_gather_object(per_rank, prompts)
+        dist.all_gather_object(per_rank, prompts, group=self.env.group)
+        seeds = spec.seeds
+        if seeds is not None:  # every rank's, in the order of the gathered prompts
+            every: list[tuple[int, ...]] = [() for _ in range(self.env.world_size)]
+            dist.all_gather_object(every, seeds, group=self.env.group)
+            seeds = tuple(seed for rank_seeds in every for seed in rank_seeds)
         results = None
-        if self.env.is_main:
-            flat = self._generate([p for rank_prompts in per_rank for p in rank_prompts], spec)
+        if self.hosts:
+            flat = self._generate([p for rank_prompts in per_rank for p in rank_prompts],
+                                  replace(spec, seeds=seeds))
             offsets = [0]
             for rank_prompts in per_rank:
                 offsets.append(offsets[-1] + len(rank_prompts))
             results = [flat[offsets[r]:offsets[r + 1]] for r in range(self.env.world_size)]
-        return broadcast_object(results)[self.env.rank]
+        return broadcast_object(results, group=self.env.group)[self.env.rank]
 
     def _generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
         from vllm import SamplingParams
@@ -157,8 +167,11 @@ class VLLMRollout:
 
         if self.llm is None:
             self._start()
-        params = SamplingParams(temperature=spec.temperature, top_p=spec.top_p,
-                                max_tokens=spec.max_new_tokens, logprobs=0)
+        options = dict(temperature=spec.temperature, top_p=spec.top_p,
+                       max_tokens=spec.max_new_tokens, logprobs=0)
+        # rollout.seeded_sampling: a request's own seed (vLLM's per-request generator)
+        params = (SamplingParams(**options) if spec.seeds is None
+                  else [SamplingParams(**options, seed=seed) for seed in spec.seeds])
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
                                     use_tqdm=False)
         samples = []
@@ -182,3 +195,10 @@ class VLLMRollout:
         if self.llm is not None:
             shutdown_engine(self.llm)
         self.llm = self.sink = None
+
+
+def _alone() -> bool:
+    """Whether this process is the run's only rank: vLLM may then run in it; next to other
+    ranks (a rollout worker's role included) its engine gets a process of its own, outside
+    their process group."""
+    return not (dist.is_initialized() and dist.get_world_size() > 1)

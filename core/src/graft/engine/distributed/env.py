@@ -11,8 +11,9 @@ import atexit
 import gc
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,12 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from graft.engine.distributed.parallel_dims import ParallelDims, ParallelMeshes
 from graft.errors import ConfigError
+
+if TYPE_CHECKING:
+    from graft.config.schema import GraftConfig
+
+# The role of the ranks that train; a plugin's roles (``graft_rank_roles``) add others.
+TRAINER = "trainer"
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,17 @@ class DistEnv:
     device: torch.device
     dims: ParallelDims
     meshes: ParallelMeshes
+    # With roles (``graft_rank_roles``): this rank's role and the global ranks that have it;
+    # ``rank`` and ``world_size`` then count within the role, `group` spans it.
+    role: str = TRAINER
+    role_ranks: tuple[int, ...] | None = None
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        """The process group of this rank's role, for collectives every rank of the role
+        joins (checkpoints, exports, agreement on metadata); None (the default group: every
+        rank) when the run has no roles."""
+        return None if self.role_ranks is None else self.mesh.get_group()
 
     @property
     def mesh(self) -> DeviceMesh:
@@ -46,8 +64,9 @@ class DistEnv:
 
     @property
     def is_main(self) -> bool:
-        """True on rank 0, the rank that writes files and prints."""
-        return self.rank == 0
+        """True on rank 0 (of the trainers, with roles), the rank that writes files and
+        prints."""
+        return self.rank == 0 and self.role == TRAINER
 
     @property
     def dp_size(self) -> int:
@@ -85,7 +104,9 @@ def resolve_device(preference: str) -> torch.device:
     if preference == "cuda" and not torch.cuda.is_available():
         raise ConfigError("engine.device=cuda but no CUDA device is available; use engine.device=cpu")
     if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        # more ranks than GPUs on a node (a rollout worker next to a trainer) share them
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))
+                            % torch.cuda.device_count())
     return torch.device("cpu")
 
 
@@ -93,11 +114,15 @@ _created_process_group = False
 
 
 def init_distributed(*, device_preference: str = "auto", ep_size: int = 1,
-                     sp_size: int = 1) -> DistEnv:
+                     sp_size: int = 1, roles: Mapping[str, Sequence[int]] | None = None
+                     ) -> DistEnv:
     """Join (or create) the process group and build the device mesh; idempotent.
 
     ``ep_size``: expert-parallel size (``engine.ep_size``); ``sp_size``: sequence-parallel size
     (`graft.engine.distributed.sequence_parallel.sequence_parallel_size` of the config).
+    ``roles``: global ranks by role (`rank_roles`), which must cover every rank once and give
+    `TRAINER` some; each role gets meshes of its own (``ep_size`` and ``sp_size`` apply to the
+    trainers), and the returned env is this rank's role's. None: every rank trains.
     """
     global _created_process_group
     device = resolve_device(device_preference)
@@ -106,12 +131,54 @@ def init_distributed(*, device_preference: str = "auto", ep_size: int = 1,
     if not dist.is_initialized():
         _created_process_group = True
         backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda" and _ranks_share_gpus():
+            backend = "cpu:gloo,cuda:nccl"  # what spans ranks of one GPU goes through host memory
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+            shared = device.type == "cuda" and _ranks_share_gpus()
+            dist.init_process_group(backend, device_id=device if device.type == "cuda"
+                                    and not shared else None)
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    dims = ParallelDims(dist.get_world_size(), ep=ep_size, sp=sp_size)
-    return DistEnv(dist.get_rank(), dims.world_size, device, dims, dims.build_meshes(device.type))
+    if roles is None:
+        dims = ParallelDims(dist.get_world_size(), ep=ep_size, sp=sp_size)
+        return DistEnv(dist.get_rank(), dims.world_size, device, dims,
+                       dims.build_meshes(device.type))
+    mine = None
+    for role, ranks in roles.items():  # every rank builds every role's meshes: collectives
+        dims = (ParallelDims(len(ranks), ep=ep_size, sp=sp_size) if role == TRAINER
+                else ParallelDims(len(ranks)))
+        meshes = dims.build_meshes(device.type, ranks=tuple(ranks))
+        if dist.get_rank() in ranks:
+            mine = DistEnv(list(ranks).index(dist.get_rank()), len(ranks), device, dims, meshes,
+                           role=role, role_ranks=tuple(ranks))
+    if mine is None:
+        raise ConfigError(f"rank {dist.get_rank()} has no role in {dict(roles)}")
+    return mine
+
+
+def _ranks_share_gpus() -> bool:
+    """Whether this node runs more ranks than it has GPUs (then no communicator may be bound
+    to a device at start: NCCL refuses two ranks of one communicator on one GPU)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
+
+
+def rank_roles(cfg: GraftConfig, manager: Any = None) -> dict[str, tuple[int, ...]] | None:
+    """The ranks of each role a plugin gives this run (``graft_rank_roles``, for the torchrun
+    world of ``$WORLD_SIZE`` ranks), checked: every rank once, rank 0 among the trainers. None:
+    every rank trains (no plugin gives roles)."""
+    from graft.plugins import get_plugin_manager
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    roles = (manager or get_plugin_manager()).hook.graft_rank_roles(cfg=cfg, world_size=world)
+    if roles is None:
+        return None
+    roles = {name: tuple(ranks) for name, ranks in roles.items()}
+    given = sorted(rank for ranks in roles.values() for rank in ranks)
+    if given != list(range(world)) or 0 not in roles.get(TRAINER, ()):
+        raise ConfigError(f"the ranks' roles {roles} must give each of the {world} ranks one role "
+                          f"and rank 0 (which writes the run's files) the role {TRAINER!r} "
+                          f"(graft_rank_roles)")
+    return roles
 
 
 def shutdown_distributed() -> None:
@@ -155,12 +222,16 @@ def all_reduce(value: torch.Tensor, op: Any = dist.ReduceOp.SUM,
     return value
 
 
-def broadcast_object(value: Any, src: int = 0) -> Any:
-    """Rank ``src``'s ``value`` on every rank (pickled; for small metadata only)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+def broadcast_object(value: Any, src: int = 0, group: dist.ProcessGroup | None = None) -> Any:
+    """The ``value`` of rank ``src`` of ``group`` (its index there; default: every rank) on
+    every rank of the group (pickled; for small metadata only)."""
+    if not (dist.is_initialized() and dist.get_world_size(group) > 1):
         return value
     holder = [value]
-    dist.broadcast_object_list(holder, src=src)
+    source = src if group is None else dist.get_global_rank(group, src)
+    # through gloo where the group has it (ranks sharing a GPU: never NCCL across them)
+    device = torch.device("cpu") if "gloo" in str(dist.get_backend(group)) else None
+    dist.broadcast_object_list(holder, src=source, group=group, device=device)
     return holder[0]
 
 

@@ -37,11 +37,13 @@ def _sum_of_squares(tensors: list[torch.Tensor], device: torch.device) -> torch.
     return torch.stack(torch._foreach_norm(tensors)).float().square().sum()
 
 
-def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float,
+                   group: torch.distributed.ProcessGroup | None = None) -> torch.Tensor:
     """Scale gradients so their global L2 norm is at most ``max_norm`` (``inf``: no clipping).
 
     Returns the norm before clipping (fp32), the same on every rank. Sharded (DTensor) gradients
-    contribute their squares summed over ranks, replicas counted once; plain ones count once.
+    contribute their squares summed over the ranks of ``group`` (those that train; default: all),
+    replicas counted once; plain ones count once.
     """
     by_replicas: dict[int, list[torch.Tensor]] = {}
     plain: list[torch.Tensor] = []
@@ -52,13 +54,13 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) ->
             by_replicas.setdefault(replica_count(param.grad), []).append(param.grad.to_local())
         else:
             plain.append(param.grad)
-    local = [t for group in by_replicas.values() for t in group]
+    local = [t for grads in by_replicas.values() for t in grads]
     device = (local or plain)[0].device if local or plain else torch.device("cpu")
     squares = torch.zeros((), dtype=torch.float32, device=device)
     if local:
-        for replicas, group in by_replicas.items():
-            squares = squares + _sum_of_squares(group, device) / replicas
-        squares = all_reduce(squares)
+        for replicas, grads in by_replicas.items():
+            squares = squares + _sum_of_squares(grads, device) / replicas
+        squares = all_reduce(squares, group=group)
     squares = squares + _sum_of_squares(plain, device)
     total = squares.sqrt()
     if max_norm != float("inf") and (local or plain):

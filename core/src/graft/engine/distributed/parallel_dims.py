@@ -80,17 +80,26 @@ class ParallelDims:
         """True when every row is split over more than one rank."""
         return self.sp > 1
 
-    def build_meshes(self, device_type: str) -> ParallelMeshes:
-        """The device meshes of these dimensions (a collective: every rank calls it)."""
-        from torch.distributed.device_mesh import init_device_mesh
+    def build_meshes(self, device_type: str, ranks: tuple[int, ...] | None = None
+                     ) -> ParallelMeshes:
+        """The device meshes of these dimensions over ``ranks`` (global ranks, in order;
+        default: all). A collective: every rank of the run calls it, also for the ranks of
+        another role."""
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+        def mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+            if ranks is None:
+                return init_device_mesh(device_type, shape, mesh_dim_names=names)
+            return DeviceMesh(device_type, torch.tensor(ranks).view(shape),
+                              mesh_dim_names=names)
 
         if not self.sequence_parallel:
-            world = init_device_mesh(device_type, (self.efsdp, self.ep),
-                                     mesh_dim_names=(EFSDP, EP))
+            world = mesh((self.efsdp, self.ep), (EFSDP, EP))
             # torch deprecates slicing a flattened dimension out of the root: keep its handle.
             dp = world._flatten(DP)
             return ParallelMeshes(world=world, dp=dp, shard=dp)
-        world = init_device_mesh(device_type, (self.dp, self.sp, 1), mesh_dim_names=(DP, SP, EP))
+        world = mesh((self.dp, self.sp, 1), (DP, SP, EP))
         return ParallelMeshes(world=world, dp=world[DP], shard=world[DP, SP]._flatten(SHARD),
                               sp=world[SP])
 

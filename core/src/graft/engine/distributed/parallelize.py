@@ -271,7 +271,8 @@ def build_parallel_model(env: DistEnv, *, cfg: GraftConfig, role: str = "policy"
     A preset is initialised from the seed on every rank's device (same seed, same weights). A
     local checkpoint (``model.path``) is built with meta parameters, sharded, and filled from one
     read of the checkpoint on rank 0 broadcast parameter by parameter, so a run of N ranks holds
-    one copy of the model in host memory, not N."""
+    one copy of the model in host memory, not N (with ranks split into roles, every rank reads
+    it: `graft.models.build.load_pretrained_weights`)."""
     if cfg.model.path:
         model, family = build_empty_model(cfg.model)
     else:
@@ -281,5 +282,6 @@ def build_parallel_model(env: DistEnv, *, cfg: GraftConfig, role: str = "policy"
     model = parallelize(model, family, cfg=cfg, mesh=env.mesh, device=env.device, role=role,
                         meshes=env.meshes)
     if cfg.model.path:
-        load_pretrained_weights(model, cfg.model, is_main=env.is_main)
+        load_pretrained_weights(model, cfg.model, is_main=env.is_main,
+                                every_rank_reads=env.role_ranks is not None)
     return model, family

@@ -1,16 +1,16 @@
-"""The workers of `graft.rl.reward_pool.RewardPool`: daemon threads, and Python processes that
+"""The workers of `graft_reward_pool.pool.RewardPool`: daemon threads, and Python processes that
 run each reward in their main thread.
 
 A worker scores the tasks it is sent one at a time and reports, for each, ``started`` (the
 sample's clock starts), then ``done`` (the score) or ``error`` (the reward raised or returned no
-finite number: `RewardValueError`). ``fatal`` says it cannot score at all: a module the reward
-needs does not import. A process worker that ends just closes its socket; the pool reads why.
+finite number: `graft.rl.run_reward`). ``fatal`` says it cannot score at all: a module the
+reward needs does not import. A process worker that ends just closes its socket; the pool reads
+why.
 """
 
 from __future__ import annotations
 
 import importlib
-import math
 import pickle
 import queue
 import threading
@@ -19,37 +19,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from graft.errors import PluginError
-from graft.plugins.keywords import call_with_keywords
+from graft.rl import reward_name, run_reward
 
 if TYPE_CHECKING:
-    from graft.config.schema import GraftConfig
+    from graft.config import GraftConfig
 
-# (the reward: a `graft.rl.rewards.RewardFunction`, the decoded response, the sample it answers)
+# (the reward: a `graft.rl.RewardFunction`, the decoded response, the sample it answers)
 RewardTask = tuple[Any, str, Any]
-
-
-class RewardValueError(ValueError):
-    """A reward returned something other than a finite number (the message says what)."""
-
-
-def run_reward(fn: Callable[..., float], response: str, sample: Any, *,
-               cfg: GraftConfig) -> float:
-    """``fn`` called with the keywords it declares of ``response``, ``sample`` and ``cfg`` (the
-    root config; in a worker process its read-only copy), as a float; a value that is no
-    finite number raises `RewardValueError`."""
-    value = call_with_keywords(fn, response=response, sample=sample, cfg=cfg)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise RewardValueError(repr(value)[:200]) from None
-    if not math.isfinite(number):
-        raise RewardValueError(repr(number))
-    return number
-
-
-def reward_name(fn: Callable[..., Any]) -> str:
-    """``module.qualname`` of a reward function, for messages."""
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def _preload(reward: Any) -> None:
@@ -108,7 +84,8 @@ class ProcessWorker:
 
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        code = f"from graft.rl.reward_workers import worker_main; worker_main({theirs.fileno()})"
+        code = (f"from graft_reward_pool.workers import worker_main; "
+                f"worker_main({theirs.fileno()})")
         self.process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()],
                                         stdin=subprocess.DEVNULL, env=env)
         theirs.close()
@@ -120,8 +97,9 @@ class ProcessWorker:
             self._send((index, task))
         except (pickle.PicklingError, AttributeError, TypeError) as exc:  # it does not pickle
             raise PluginError(f"the reward {reward_name(task[0].fn)} runs in worker processes "
-                              f"(algorithm.reward_pool) but cannot be sent to one ({exc}): define "
-                              f"it at module level, or set algorithm.reward_pool=thread") from exc
+                              f"(features.reward_pool.kind) but cannot be sent to one ({exc}): "
+                              f"define it at module level, or set "
+                              f"features.reward_pool.kind=thread") from exc
 
     def _send(self, message: Any) -> None:
         try:

@@ -11,8 +11,8 @@ import pytest
 from graft.config import compose
 from graft.data.tasks import TextSample, exact_match_reward
 from graft.errors import DataError, PluginError
-from graft.rl.reward_pool import RewardPool
-from graft.rl.rewards import RewardFunction
+from graft.rl import RewardFunction
+from graft_reward_pool import RewardPool
 
 # A module the worker processes can import (they get this process's sys.path).
 REWARDS = '''
@@ -128,9 +128,9 @@ def test_a_reward_bug_is_a_failure_of_its_sample_and_the_batch_goes_on(pool, rew
 
 
 def test_a_process_reward_must_pickle(pool) -> None:
-    with pytest.raises(PluginError, match=r"runs in worker processes \(algorithm.reward_pool\) "
-                                          r"but cannot be sent to one .*algorithm.reward_pool="
-                                          r"thread"):
+    with pytest.raises(PluginError, match=r"runs in worker processes "
+                                          r"\(features.reward_pool.kind\) but cannot be sent to "
+                                          r"one .*features.reward_pool.kind=thread"):
         pool("process").score(tasks(lambda response: 1.0, ["a"]))
 
 

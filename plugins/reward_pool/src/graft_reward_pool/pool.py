@@ -10,7 +10,7 @@ reward in their main thread, where signal-based timeouts such as math-verify's w
 not allow those.
 
 A sample whose reward raises, returns no finite number, or kills its worker process is a
-`RewardFailure` in the batch's result (it scores 0 there; `graft.rl.rewards.RewardScorer`
+`graft.rl.RewardFailure` in the batch's result (it scores 0 there; Graft's reward scorer
 decides, by ``algorithm.reward_errors``, whether the run goes on). A worker that cannot start
 (a module the reward needs is missing) stops the batch with a `PluginError` naming the module
 and the pip command; Graft's own errors (a sample without a ground truth) stop it as they are.
@@ -26,22 +26,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from graft.errors import GraftError, PluginError
-from graft.plugins.discovery import install_hint
-from graft.rl.reward_workers import (
-    ProcessWorker,
-    RewardTask,
-    RewardValueError,
-    ThreadWorker,
-    portable_config,
-    reward_name,
-    run_reward,
-)
+from graft.plugins import install_hint
+from graft.rl import RewardBatchResult, RewardFailure, debug_trace, reward_name
+from graft_reward_pool.workers import ProcessWorker, RewardTask, ThreadWorker, portable_config
 
 if TYPE_CHECKING:
-    from graft.config.schema import GraftConfig
+    from graft.config import GraftConfig
 
-__all__ = ["PoolResult", "RewardFailure", "RewardPool", "RewardValueError", "debug_trace",
-           "portable_config", "reward_name", "run_reward"]
+__all__ = ["QUEUE_DEPTH", "PoolResult", "RewardPool"]
 
 # Tasks sent ahead to each worker, at most: it never waits for the parent between samples (a
 # round trip per sample cost more than a math-verify check on a busy machine); a stuck sample's
@@ -49,49 +41,12 @@ __all__ = ["PoolResult", "RewardFailure", "RewardPool", "RewardValueError", "deb
 QUEUE_DEPTH = 8
 
 
-@dataclass(frozen=True)
-class RewardFailure:
-    """Why one sample's reward failed. ``kind``: ``value`` (it returned ``detail``, not a finite
-    number), ``raised`` (``detail`` is the exception and where it was raised) or ``died`` (its
-    worker process ended; ``detail`` says how); ``trace`` is the reward's traceback."""
-
-    kind: str
-    detail: str
-    trace: str = ""
-
-    def describe(self, reward: str, origin: str) -> str:
-        """One sentence naming ``reward`` and the sample (``origin``: its file and row)."""
-        if self.kind == "value":
-            return (f"the reward {reward} returned {self.detail} for {origin}; a reward returns "
-                    f"a finite number")
-        if self.kind == "died":
-            return f"the reward {reward} ended its worker process on {origin} ({self.detail})"
-        return f"the reward {reward} failed on {origin}: {self.detail}"
-
-
 @dataclass
-class PoolResult:
-    """The scores of one batch, in order, the positions that ran past the time limit, and the
-    positions whose reward failed, with why (both score 0)."""
+class PoolResult(RewardBatchResult):
+    """The scores of one batch, in order, the positions whose reward failed, with why, and the
+    positions that ran past the time limit (both score 0)."""
 
-    scores: list[float]
     timed_out: list[int] = field(default_factory=list)
-    failures: dict[int, RewardFailure] = field(default_factory=dict)
-
-
-def _failure(exc: BaseException, trace: str) -> RewardFailure:
-    if isinstance(exc, RewardValueError):
-        return RewardFailure("value", str(exc), trace)
-    where = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
-    at = f" ({where[-1].removeprefix('File ')})" if where else ""
-    return RewardFailure("raised", f"{type(exc).__name__}: {exc}{at}", trace)
-
-
-def debug_trace(trace: str) -> str:
-    """``trace`` on a line of its own under ``GRAFT_DEBUG=1``, else nothing."""
-    import os
-
-    return f"\n{trace.rstrip()}" if trace and os.environ.get("GRAFT_DEBUG") == "1" else ""
 
 
 class RewardPool:
@@ -127,7 +82,7 @@ class RewardPool:
                     if kind == "done":
                         result.scores[index] = payload
                     else:
-                        result.failures[index] = _failure(*payload)
+                        result.failures[index] = RewardFailure.from_exception(*payload)
                     queued[worker].remove(index)
                     running.pop(worker, None)
                 elif kind == "died":
@@ -250,7 +205,7 @@ class RewardPool:
                               f"{exc.name!r}, which {reward} needs ({type(exc).__name__}: "
                               f"{exc}): {install_hint(exc.name)}{debug_trace(trace)}")
         raise PluginError(f"a reward worker ({self.kind}) could not load {reward}: "
-                          f"{_failure(exc, trace).detail}{debug_trace(trace)}")
+                          f"{RewardFailure.from_exception(exc, trace).detail}{debug_trace(trace)}")
 
     def close(self) -> None:
         """Stop every worker (idempotent)."""

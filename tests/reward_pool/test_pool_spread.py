@@ -10,8 +10,8 @@ import pytest
 
 from graft.config import compose
 from graft.data.tasks import TextSample
-from graft.rl.reward_pool import RewardPool
-from graft.rl.rewards import RewardFunction
+from graft.rl import RewardFunction
+from graft_reward_pool import RewardPool
 
 # Rewards the worker processes import by name (they get this process's sys.path).
 REWARDS = '''

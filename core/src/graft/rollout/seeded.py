@@ -1,0 +1,71 @@
+"""Sampling keyed by each row's seed (``rollout.seeded_sampling``): the Gumbel-max draw.
+
+A token is drawn as the argmax of ``logits / temperature`` (top-p filtered) plus Gumbel noise,
+which samples from the same distribution as ``softmax`` would. The noise of a row at a position
+is a hash of the row's seed, the position (tokens generated so far) and the token id, computed
+with integer tensor operations: it depends on nothing else, neither the batch the row is in,
+nor its padding, nor any generator's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+# Odd multipliers below 2**31, so a 32-bit value times one fits in int64 without overflow.
+MIX = (0x7FEB352D, 0x2C1B3C6D, 0x297A2D39)
+
+
+def mix32(value: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash, element-wise (``value``: int64 holding values below 2**32)."""
+    for multiplier in MIX:
+        value = value ^ (value >> 16)
+        value = (value * multiplier) & MASK32
+    return value ^ (value >> 15)
+
+
+def gumbel_noise(seeds: torch.Tensor, position: int, vocab: int) -> torch.Tensor:
+    """``(rows, vocab)`` float32 Gumbel noise for the ``seeds`` (int64, one per row, below 2**63)
+    at generated position ``position``: a pure function of the three."""
+    low, high = seeds & MASK32, (seeds >> 32) & MASK32
+    row = mix32(mix32(low ^ mix32(high)) ^ position)
+    tokens = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
+    bits = mix32(row[:, None] ^ mix32(tokens + 0x9E3779B)[None, :])
+    uniform = (bits.double() + 0.5) / 2.0**32
+    return (-torch.log(-torch.log(uniform))).float()
+
+
+class SeededSampler:
+    """A transformers logits processor that turns greedy ``generate`` into seeded sampling:
+    temperature, top-p (the nucleus of ``softmax(logits / temperature)``, at least one token),
+    then Gumbel noise keyed by each row's seed (`gumbel_noise`). Use it with
+    ``do_sample=False``; the first call fixes where generation starts."""
+
+    def __init__(self, seeds: Sequence[int], *, temperature: float, top_p: float,
+                 device: torch.device) -> None:
+        self.seeds = torch.tensor(list(seeds), dtype=torch.int64, device=device)
+        self.temperature = temperature
+        self.top_p = top_p
+        self.start: int | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """The noisy scores whose argmax is the next token of each row."""
+        if self.start is None:
+            self.start = input_ids.shape[1]
+        scaled = scores.float() / self.temperature
+        if self.top_p < 1.0:
+            scaled = top_p_filtered(scaled, self.top_p)
+        noise = gumbel_noise(self.seeds, input_ids.shape[1] - self.start, scaled.shape[-1])
+        return scaled + noise
+
+
+def top_p_filtered(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``scaled`` logits with every token outside the nucleus set to -inf: the smallest set of
+    most likely tokens whose probability reaches ``top_p`` (always the most likely one)."""
+    ordered, order = scaled.sort(dim=-1, descending=True)
+    before = ordered.softmax(dim=-1).cumsum(dim=-1) - ordered.softmax(dim=-1)
+    dropped = before >= top_p
+    dropped[..., 0] = False
+    return scaled.masked_fill(dropped.scatter(-1, order, dropped), float("-inf"))

@@ -1,0 +1,111 @@
+"""graft-async-rl: rollout workers on ranks of their own (real torchrun runs, gloo, tiny
+preset), against the colocated mode, with the staleness bound checked, and resumed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from graft.errors import ConfigError
+from graft.testing import check_installed_plugin
+from graft_async_rl import split_ranks, version_for
+
+# Short runs that learn visibly (the default task) and keep every step's record.
+RUN = ["checkpoint.save_at_end=false", "export.hf_at_end=false", "rollout.seeded_sampling=true"]
+COMPARED = ("loss", "grad_norm", "entropy", "reward_mean", "response_length")
+TIMINGS = ("time", "_s", "per_s", "idle_share", "peak_memory", "compile_cache")
+
+
+def workers(count: int, staleness: int) -> list[str]:
+    return [f"features.async_rl.workers={count}", f"features.async_rl.max_staleness={staleness}"]
+
+
+def deterministic(row: dict) -> dict:
+    """A metrics row without what depends on the clock."""
+    return {k: v for k, v in row.items() if not any(part in k for part in TIMINGS)}
+
+
+def test_the_plugin_conforms() -> None:
+    assert check_installed_plugin("async_rl") == [
+        "graft_config_rules", "graft_config_sections", "graft_experience_source",
+        "graft_rank_roles", "graft_role_runner"]
+
+
+def test_the_last_ranks_generate_each_on_its_own() -> None:
+    assert split_ranks(4, 2) == {"trainer": [0, 1], "rollout.0": [2], "rollout.1": [3]}
+    with pytest.raises(ConfigError, match=r"workers=2 leaves no rank to train.*--nproc 3"):
+        split_ranks(2, 2)
+
+
+@pytest.mark.parametrize("step,k,version", [(1, 0, 0), (5, 0, 4), (1, 2, 0), (3, 2, 0),
+                                            (4, 2, 1), (9, 4, 4)])
+def test_a_step_is_generated_by_the_weights_k_updates_before_its_own(step: int, k: int,
+                                                                     version: int) -> None:
+    assert version_for(step, k) == version
+
+
+def test_on_policy_workers_sample_and_train_as_the_colocated_ranks_do(
+        graft_train, metrics_of, tmp_path: Path) -> None:
+    steps = ["trainer.total_steps=3", "checkpoint.every_steps=0"]
+    graft_train(tmp_path / "colocated", *RUN, *steps, nproc=2)
+    graft_train(tmp_path / "workers", *RUN, *steps, *workers(1, 0), nproc=3)
+    colocated, separate = metrics_of(tmp_path / "colocated"), metrics_of(tmp_path / "workers")
+    for row, other in zip(colocated, separate, strict=True):
+        for name in COMPARED:
+            assert other[name] == pytest.approx(row[name], abs=1e-6), (row["step"], name)
+        assert other["async_rl/staleness_max"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 4])
+def test_stale_workers_learn_as_colocated_within_the_bound_and_resume_bit_exactly(
+        graft_train, metrics_of, tmp_path: Path, k: int) -> None:
+    steps = ["trainer.total_steps=12", "checkpoint.every_steps=6"]
+    graft_train(tmp_path / "colocated", *RUN, *steps, nproc=2)
+    graft_train(tmp_path / "run", *RUN, *steps, *workers(1, k), nproc=3)
+    colocated, rows = metrics_of(tmp_path / "colocated"), metrics_of(tmp_path / "run")
+
+    def rise(history: list[dict]) -> float:
+        rewards = [row["reward_mean"] for row in history]
+        return sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
+
+    assert abs(rise(rows) - rise(colocated)) <= 0.1
+    for row in rows:  # every trained token at most k updates old, and corrected for it
+        assert row["async_rl/staleness_max"] == min(k, row["step"] - 1) <= k
+        assert "rollout_correction/is_weight_mean" in row or any(
+            key.startswith("rollout_correction/") for key in row), sorted(row)
+
+    # Interrupted after step 6's checkpoint: the copy resumes from it and trains on the same
+    # samples (those the workers generated ahead are in the checkpoint).
+    shutil.copytree(tmp_path / "run", tmp_path / "resumed")
+    graft_train(tmp_path / "resumed", *RUN, *steps, *workers(1, k),
+                f"checkpoint.resume={tmp_path / 'resumed' / 'checkpoints' / 'step_6'}", nproc=3)
+    resumed = metrics_of(tmp_path / "resumed")
+    assert [deterministic(r) for r in resumed] == [deterministic(r) for r in rows]
+
+
+@pytest.mark.slow
+def test_two_workers_give_the_samples_one_worker_gives(graft_train, metrics_of,
+                                                       tmp_path: Path) -> None:
+    steps = ["trainer.total_steps=4", "checkpoint.every_steps=0"]
+    graft_train(tmp_path / "one", *RUN, *steps, *workers(1, 1), nproc=3)
+    graft_train(tmp_path / "two", *RUN, *steps, *workers(2, 1), nproc=4)
+    one, two = metrics_of(tmp_path / "one"), metrics_of(tmp_path / "two")
+    # the same tokens; their rollout log-probs come from batches of other sizes, which may
+    # round differently in the last bits (hence the correction's weights, the loss)
+    for row, other in zip(one, two, strict=True):
+        assert other["tokens"] == row["tokens"]
+        for name in COMPARED:
+            assert other[name] == pytest.approx(row[name], abs=1e-6), (row["step"], name)
+
+
+@pytest.mark.vllm
+def test_a_worker_generates_with_vllm(requires_vllm: None, graft_train, metrics_of,
+                                      tmp_path: Path) -> None:
+    graft_train(tmp_path / "run", *RUN, "trainer.total_steps=3", "checkpoint.every_steps=0",
+                "rollout.engine=vllm", *workers(1, 1), nproc=3)
+    rows = metrics_of(tmp_path / "run")
+    assert [row["async_rl/staleness_max"] for row in rows] == [0.0, 1.0, 1.0]
+    assert all(row["async_rl/weight_sync_gb"] > 0 for row in rows[:2])
