@@ -108,4 +108,58 @@ def test_a_worker_generates_with_vllm(requires_vllm: None, graft_train, metrics_
                 "rollout.engine=vllm", *workers(1, 1), nproc=3)
     rows = metrics_of(tmp_path / "run")
     assert [row["async_rl/staleness_max"] for row in rows] == [0.0, 1.0, 1.0]
-    assert all(row["async_rl/weight_sync_gb"] > 0 for row in rows[:2])
+    # the weights of steps 1 and 2 generate steps 3 and 4: only step 1's are sent
+    assert [row["async_rl/weight_sync_gb"] > 0 for row in rows] == [True, False, False]
+
+
+def _rank_pids(rank: int) -> list[int]:
+    """The processes torchrun started as global rank ``rank`` (their environment says so)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"graft" in command and b"train" in command:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_a_killed_worker_stops_the_run_naming_it_and_the_last_checkpoint_verifies(
+        tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "graft", "train", "--nproc", "3", f"trainer.run_dir={run}",
+               *RUN, "trainer.total_steps=400", "checkpoint.every_steps=2", *workers(1, 1),
+               "features.async_rl.worker_timeout_s=60"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRAFT_")}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "checkpoints" / "latest").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert (run / "checkpoints" / "latest").exists(), "no checkpoint within 240 s"
+        for pid in _rank_pids(2):
+            os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _, stderr = process.communicate(timeout=120)
+        assert time.monotonic() - killed < 60
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode != 0
+    assert "rank 2 failed" in stderr, stderr[-2000:]
+    verified = subprocess.run([sys.executable, "-m", "graft", "ckpt", "verify",
+                               str(run / "checkpoints" / (run / "checkpoints" / "latest")
+                                   .read_text().strip())], capture_output=True, text=True, env=env)
+    assert verified.returncode == 0 and verified.stdout.startswith("ok"), verified.stdout

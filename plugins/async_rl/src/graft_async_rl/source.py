@@ -131,8 +131,8 @@ class WorkerSource:
         """After step ``step``'s update: the workers get these weights if a later step's
         samples are generated with them."""
         self.last_step_end = time.perf_counter()
-        if step + 1 + self.k > self.total_steps:
-            return {}
+        if step + 1 + self.k > self.total_steps:  # no step left that these weights generate
+            return {"weight_sync_s": 0.0, "async_rl/weight_sync_gb": 0.0}
         return self._export(step)
 
     def _export(self, version: int) -> dict[str, float]:
