@@ -48,12 +48,14 @@ def test_a_step_is_generated_by_the_weights_k_updates_before_its_own(step: int, 
 
 def test_on_policy_workers_sample_and_train_as_the_colocated_ranks_do(
         graft_train, metrics_of, tmp_path: Path) -> None:
-    steps = ["trainer.total_steps=3", "checkpoint.every_steps=0"]
+    # with a correction on both sides, which on-policy weighs every token by about 1
+    steps = ["trainer.total_steps=3", "checkpoint.every_steps=0",
+             "algorithm.rollout_correction=tis"]
     graft_train(tmp_path / "colocated", *RUN, *steps, nproc=2)
     graft_train(tmp_path / "workers", *RUN, *steps, *workers(1, 0), nproc=3)
     colocated, separate = metrics_of(tmp_path / "colocated"), metrics_of(tmp_path / "workers")
     for row, other in zip(colocated, separate, strict=True):
-        for name in COMPARED:
+        for name in (*COMPARED, "rollout_correction/weight_mean"):
             assert other[name] == pytest.approx(row[name], abs=1e-6), (row["step"], name)
         assert other["async_rl/staleness_max"] == 0.0
 
@@ -74,8 +76,7 @@ def test_stale_workers_learn_as_colocated_within_the_bound_and_resume_bit_exactl
     assert abs(rise(rows) - rise(colocated)) <= 0.1
     for row in rows:  # every trained token at most k updates old, and corrected for it
         assert row["async_rl/staleness_max"] == min(k, row["step"] - 1) <= k
-        assert "rollout_correction/is_weight_mean" in row or any(
-            key.startswith("rollout_correction/") for key in row), sorted(row)
+        assert "rollout_correction/weight_mean" in row, sorted(row)  # tis, fitted by default
 
     # Interrupted after step 6's checkpoint: the copy resumes from it and trains on the same
     # samples (those the workers generated ahead are in the checkpoint).

@@ -48,3 +48,27 @@ def test_off_every_hook_leaves_the_run_alone() -> None:
     with pytest.raises(StopIteration) as done:
         steps.send(7)
     assert done.value.value == 7
+
+
+def test_the_static_decode_copy_gets_every_exact_kernel_not_only_the_attention(
+        tmp_path) -> None:
+    """The copy's config, copied from the policy's, already names the exact attention; its
+    norms must still get the exact forward (on CUDA the one-kernel Triton norm: without it
+    the rollout's log-probs differ from the trainer's on the GPU only)."""
+    from graft.config import compose
+    from graft.training.trainer import Trainer
+    from graft_exact.attention import EXACT_ATTENTION
+    from graft_exact.norm import _exact_norm_forward, llama_form_rms_norm
+
+    cfg = compose([f"trainer.run_dir={tmp_path}", "trainer.total_steps=1", "engine.device=cpu",
+                   "features.exact.enabled=true", "rollout.decode=static",
+                   "rollout.decode_compile=none", "checkpoint.every_steps=0",
+                   "checkpoint.save_at_end=false", "export.hf_at_end=false"])
+    trainer = Trainer(cfg)
+    try:
+        copy = trainer.job.rollout.copy.model
+        norms = [m for m in copy.modules() if llama_form_rms_norm(m)]
+        assert copy.config._attn_implementation == EXACT_ATTENTION and norms
+        assert all(getattr(m.forward, "__func__", None) is _exact_norm_forward for m in norms)
+    finally:
+        trainer.job.close()

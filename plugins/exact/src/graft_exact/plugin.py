@@ -4,11 +4,15 @@ order of a run. Every hook is a no-op while ``features.exact.enabled`` is false.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Generator
 from typing import Any
 
 from graft import hookimpl
 from graft_exact.config import ExactConfig, exact_enabled
+
+# The static decode copies given the kernels (`graft_inference_copy`), held weakly.
+_COPIES_WITH_KERNELS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @hookimpl
@@ -42,12 +46,12 @@ def graft_pre_shard(model: Any, cfg: Any) -> None:
 
 @hookimpl
 def graft_inference_copy(model: Any, cfg: Any) -> None:
-    """The same kernels on the static decode's copy (once: the copy comes back refreshed)."""
-    if exact_enabled(cfg):
-        from graft_exact.attention import EXACT_ATTENTION
-
-        if model.config._attn_implementation != EXACT_ATTENTION:
-            _install(model)
+    """The same kernels on the static decode's copy, once (the hook runs after every refresh).
+    Whether the copy has them cannot be read from its config: copied from the policy's, it
+    names the exact attention already, while the copy's norms are still its class's own."""
+    if exact_enabled(cfg) and model not in _COPIES_WITH_KERNELS:
+        _install(model)
+        _COPIES_WITH_KERNELS.add(model)
 
 
 @hookimpl(wrapper=True)
