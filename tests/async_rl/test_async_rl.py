@@ -164,3 +164,25 @@ def test_a_killed_worker_stops_the_run_naming_it_and_the_last_checkpoint_verifie
                                str(run / "checkpoints" / (run / "checkpoints" / "latest")
                                    .read_text().strip())], capture_output=True, text=True, env=env)
     assert verified.returncode == 0 and verified.stdout.startswith("ok"), verified.stdout
+
+
+@pytest.mark.slow
+def test_workers_load_a_saved_model_and_a_rerun_of_a_finished_run_trains_nothing(
+        graft_train, metrics_of, tmp_path: Path) -> None:
+    """``model.path`` (every rank of a role reads the directory itself) with workers, against
+    the preset it was saved from; then the same command again: the run is complete."""
+    from graft.testing.checkpoint import save_tiny_checkpoint
+
+    folder = save_tiny_checkpoint("tiny-llama", tmp_path / "hf", seed=0)
+    steps = ["trainer.total_steps=3", "checkpoint.every_steps=0", "checkpoint.save_at_end=true"]
+    loaded = [*RUN, *steps, *workers(1, 1), f"model.path={folder}"]
+    graft_train(tmp_path / "path", *loaded, nproc=3)
+    graft_train(tmp_path / "preset", *RUN, *steps, *workers(1, 1), "model.preset=tiny-llama",
+                nproc=3)
+    from_path, from_preset = metrics_of(tmp_path / "path"), metrics_of(tmp_path / "preset")
+    for row, other in zip(from_preset, from_path, strict=True):
+        for name in COMPARED:
+            assert other[name] == pytest.approx(row[name], abs=1e-6), (row["step"], name)
+    rerun = graft_train(tmp_path / "path", *loaded, nproc=3)
+    assert "is complete" in rerun.stdout + rerun.stderr
+    assert metrics_of(tmp_path / "path") == from_path  # each step once

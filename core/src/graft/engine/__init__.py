@@ -26,8 +26,8 @@ module (which imports torch) on first access.
   forward): `token_chunks` (the chunks' slices), `add_chunk_grads` (parameter gradients summed
   over the chunks in fp32) and `cast_like` (the sums back in the parameters' dtypes).
 * This process's place in the run, for a plugin's rollout engine or sink: `DistEnv` (rank,
-  world size, device, meshes) and `broadcast_object` (rank 0's small picklable value on every
-  rank).
+  world size, device, meshes, role), `broadcast_object` (rank 0's small picklable value on
+  every rank) and `ranks_share_gpus` (more ranks than GPUs on this node).
 
 Everything else under ``graft.engine.*`` is the core's own and may change without notice.
 """
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from graft.lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from graft.engine.distributed.env import DistEnv, broadcast_object
+    from graft.engine.distributed.env import DistEnv, broadcast_object, ranks_share_gpus
     from graft.engine.distributed.expert_parallel import (
         apply_expert_parallel,
         combine_tokens,
@@ -106,6 +106,7 @@ __all__ = [
     "local_expert_weight",
     "mixed_precision_policy",
     "parallelize_standard",
+    "ranks_share_gpus",
     "shard_experts",
     "token_chunks",
     "token_logprobs",
@@ -114,7 +115,8 @@ __all__ = [
 _MODULE_OF = {
     **dict.fromkeys(["add_chunk_grads", "cast_like", "token_chunks"],
                     "graft.engine.head.token_chunks"),
-    **dict.fromkeys(["DistEnv", "broadcast_object"], "graft.engine.distributed.env"),
+    **dict.fromkeys(["DistEnv", "broadcast_object", "ranks_share_gpus"],
+                    "graft.engine.distributed.env"),
     **dict.fromkeys(["apply_expert_parallel", "combine_tokens", "dispatch_tokens",
                      "grouped_linear", "local_expert_weight", "shard_experts"],
                     "graft.engine.distributed.expert_parallel"),

@@ -26,13 +26,22 @@ def mix32(value: torch.Tensor) -> torch.Tensor:
     return value ^ (value >> 15)
 
 
-def gumbel_noise(seeds: torch.Tensor, position: int, vocab: int) -> torch.Tensor:
+def token_keys(vocab: int, device: torch.device) -> torch.Tensor:
+    """The hash of every token id (int64, ``(vocab,)``) that `gumbel_noise` mixes with a row's
+    key: the same at every step, so a sampler computes it once."""
+    return mix32(torch.arange(vocab, device=device, dtype=torch.int64) + 0x9E3779B)
+
+
+def gumbel_noise(seeds: torch.Tensor, position: int, vocab: int,
+                 tokens: torch.Tensor | None = None) -> torch.Tensor:
     """``(rows, vocab)`` float32 Gumbel noise for the ``seeds`` (int64, one per row, below 2**63)
-    at generated position ``position``: a pure function of the three."""
+    at generated position ``position``: a pure function of the three. ``tokens``: `token_keys`
+    of ``vocab``, when the caller has them."""
     low, high = seeds & MASK32, (seeds >> 32) & MASK32
     row = mix32(mix32(low ^ mix32(high)) ^ position)
-    tokens = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    bits = mix32(row[:, None] ^ mix32(tokens + 0x9E3779B)[None, :])
+    if tokens is None:
+        tokens = token_keys(vocab, seeds.device)
+    bits = mix32(row[:, None] ^ tokens[None, :])
     uniform = (bits.double() + 0.5) / 2.0**32
     return (-torch.log(-torch.log(uniform))).float()
 
@@ -49,6 +58,7 @@ class SeededSampler:
         self.temperature = temperature
         self.top_p = top_p
         self.start: int | None = None
+        self.tokens: torch.Tensor | None = None  # `token_keys`, at the first call
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """The noisy scores whose argmax is the next token of each row."""
@@ -57,7 +67,10 @@ class SeededSampler:
         scaled = scores.float() / self.temperature
         if self.top_p < 1.0:
             scaled = top_p_filtered(scaled, self.top_p)
-        noise = gumbel_noise(self.seeds, input_ids.shape[1] - self.start, scaled.shape[-1])
+        if self.tokens is None or self.tokens.numel() != scaled.shape[-1]:
+            self.tokens = token_keys(scaled.shape[-1], scaled.device)
+        noise = gumbel_noise(self.seeds, input_ids.shape[1] - self.start, scaled.shape[-1],
+                             self.tokens)
         return scaled + noise
 
 

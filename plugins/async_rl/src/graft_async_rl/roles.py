@@ -34,16 +34,12 @@ def sync_ranks(world_size: int, workers: int) -> list[int]:
 
 def transfer_device(device: Any) -> Any:
     """Where the tensors that cross between trainers and workers live: the ranks' device, or
-    host memory when ranks share a GPU (NCCL refuses two ranks of one group on one GPU; the
-    process group then has gloo for host tensors)."""
-    import os
-
+    host memory when ranks share a GPU (`graft.engine.ranks_share_gpus`)."""
     import torch
 
-    if device.type == "cuda" and (int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-                                  > torch.cuda.device_count()):
-        return torch.device("cpu")
-    return device
+    from graft.engine import ranks_share_gpus
+
+    return torch.device("cpu") if device.type == "cuda" and ranks_share_gpus() else device
 
 
 def version_for(step: int, max_staleness: int) -> int:

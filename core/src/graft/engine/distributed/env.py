@@ -130,11 +130,11 @@ def init_distributed(*, device_preference: str = "auto", ep_size: int = 1,
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         _created_process_group = True
+        shared = device.type == "cuda" and ranks_share_gpus()
         backend = "nccl" if device.type == "cuda" else "gloo"
-        if device.type == "cuda" and _ranks_share_gpus():
+        if shared:
             backend = "cpu:gloo,cuda:nccl"  # what spans ranks of one GPU goes through host memory
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            shared = device.type == "cuda" and _ranks_share_gpus()
             dist.init_process_group(backend, device_id=device if device.type == "cuda"
                                     and not shared else None)
         else:
@@ -156,9 +156,13 @@ def init_distributed(*, device_preference: str = "auto", ep_size: int = 1,
     return mine
 
 
-def _ranks_share_gpus() -> bool:
-    """Whether this node runs more ranks than it has GPUs (then no communicator may be bound
-    to a device at start: NCCL refuses two ranks of one communicator on one GPU)."""
+def ranks_share_gpus() -> bool:
+    """Whether this node runs more ranks than it has GPUs (a rollout worker next to a trainer).
+    No communicator is then bound to a device at start (NCCL refuses two ranks of one
+    communicator on one GPU), and tensors that cross between such ranks travel in host memory
+    over gloo. False without CUDA."""
+    if not torch.cuda.is_available():
+        return False
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
 
 
