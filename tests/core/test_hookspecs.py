@@ -71,6 +71,12 @@ def test_hook_specs_are_the_design_table() -> None:
         # added so a plugin gives ranks other roles than training and supplies the RL steps'
         # experience from them (graft-async-rl's rollout workers, #38)
         "graft_rank_roles", "graft_role_runner", "graft_experience_source",
+        # added so a plugin shapes what each RL step trains on (graft-dapo, #38)
+        "graft_batch_shaper",
+        # added so a plugin adds trainable parameters to a frozen base and keeps them apart:
+        # left out of checkpoints, initialised after a model.path load, merged into exports,
+        # written at the run's end (graft-lora, #39)
+        "graft_ckpt_save", "graft_weights_loaded", "graft_export_entries", "graft_train_end",
     }
 
 

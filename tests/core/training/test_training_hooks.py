@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.fsdp import FSDPModule
 
+from graft import hookimpl
 from graft.config import compose
 from graft.losses.registry import loss_agg_mode_names, policy_loss_names
 from graft.training.trainer import Trainer
@@ -81,3 +82,32 @@ def test_hook_graft_model_families_adds_a_trainable_preset(demo, tmp_path: Path)
     trainer = run(tmp_path, "model.preset=demo-qwen2")
     assert type(trainer.engine.model).__name__ == "FSDPQwen2ForCausalLM"
     assert demo("model_families")
+
+
+class EndWriter:
+    """Writes ``end.txt`` into the run directory at the run's end, naming the last step seen."""
+
+    def __init__(self) -> None:
+        self.last_step = 0
+        self.calls: list[tuple] = []
+
+    @hookimpl
+    def graft_step_end(self, step: int) -> None:
+        self.last_step = step
+
+    @hookimpl
+    def graft_train_end(self, model, cfg, run_dir: Path, is_main: bool) -> None:
+        self.calls.append((type(model).__name__, cfg.trainer.total_steps, is_main))
+        (run_dir / "end.txt").write_text(f"after step {self.last_step}\n")
+
+
+def test_hook_graft_train_end_runs_once_after_the_last_step(graft_plugin, tmp_path: Path) -> None:
+    plugin = EndWriter()
+    graft_plugin(plugin, name="end-writer")
+    trainer = run(tmp_path, steps=2)
+    assert plugin.calls == [(type(trainer.engine.model).__name__, 2, True)]
+    assert (tmp_path / "end.txt").read_text() == "after step 2\n"
+    # a finished run started again trains nothing and writes nothing again
+    (tmp_path / "end.txt").unlink()
+    run(tmp_path, steps=2)
+    assert len(plugin.calls) == 1 and not (tmp_path / "end.txt").exists()

@@ -96,13 +96,15 @@ class CheckpointManager:
 
     def save(self, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              trainer_state: dict[str, Any], config_yaml: str) -> None:
-        """Write a checkpoint of ``step``; published atomically once every rank's shards exist.
+        """Write a checkpoint of ``step`` (what ``graft_ckpt_save`` plugins leave of the model's
+        and optimizer's entries); published atomically once every rank's shards exist.
 
         Refused before anything is written (`CheckpointError`) when the disk cannot hold it even
         after the pruning ``keep_last`` does; a save that fails leaves no partial folder."""
         self.wait()
         model_state, optim_state = get_state_dict(model, optimizer, options=OPTIONS)
         state = {"model": model_state, "optim": optim_state}
+        get_plugin_manager().hook.graft_ckpt_save(state=state, model=model, optimizer=optimizer)
         needed = space.state_bytes(state) + space.OVERHEAD_BYTES + len(config_yaml.encode())
         self._make_room(step, needed)
         tmp = self._make_tmp_dir(step)

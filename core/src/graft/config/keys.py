@@ -55,6 +55,12 @@ MOVED_KEYS: dict[str, MovedKey] = {
     "algorithm.reward_pool": MovedKey("features.reward_pool.kind", "auto", "graft-reward-pool"),
     "algorithm.reward_timeout_s": MovedKey("features.reward_pool.timeout_s", 10.0,
                                            "graft-reward-pool"),
+    "algorithm.dynamic_sampling": MovedKey("features.dapo.dynamic_sampling", False, "graft-dapo"),
+    "algorithm.max_sampling_rounds": MovedKey("features.dapo.max_sampling_rounds", 4,
+                                              "graft-dapo"),
+    "algorithm.overlong": MovedKey("features.dapo.overlong", "none", "graft-dapo"),
+    "algorithm.overlong_buffer": MovedKey("features.dapo.overlong_buffer", None, "graft-dapo"),
+    "algorithm.overlong_penalty": MovedKey("features.dapo.overlong_penalty", 1.0, "graft-dapo"),
 }
 
 

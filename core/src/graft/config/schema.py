@@ -323,24 +323,6 @@ class AlgorithmConfig:
     # icepop: tokens whose ratio is outside [icepop_low, icepop_high] get weight 0.
     icepop_low: float = bounded(0.5, ge=0.0)
     icepop_high: float = bounded(5.0, gt=0.0)
-    # DAPO dynamic sampling (graft.rl.batch_shaping): drop the groups (a prompt's rollout.n
-    # samples) whose rewards are all equal (zero advantage) and, colocated, draw and generate
-    # rollout.prompts_per_step more prompts until that many groups are kept over all ranks;
-    # the first kept, in draw order, are trained. Metrics under dynamic_sampling/.
-    dynamic_sampling: bool = False
-    # Generation rounds per step at most (the first included); when they keep fewer groups
-    # than rollout.prompts_per_step the step trains on those (padded with dropped groups, loss
-    # mask 0, to a multiple of the data-parallel size).
-    max_sampling_rounds: int = bounded(4, ge=1)
-    # Truncated responses (no eos within rollout.max_new_tokens): none; filter = loss mask 0
-    # (their reward stays in the group's baseline); penalty = DAPO's soft overlong punishment
-    # added to the reward. Metrics under overlong/.
-    overlong: str = choice("none", ("none", "filter", "penalty"))
-    # penalty: the last overlong_buffer tokens before rollout.max_new_tokens, over which the
-    # penalty falls linearly from 0 to -overlong_penalty (tokens; null = a fifth of
-    # rollout.max_new_tokens, at least 1).
-    overlong_buffer: int | None = bounded(None, ge=1)
-    overlong_penalty: float = bounded(1.0, ge=0.0)
 
 
 @dataclass

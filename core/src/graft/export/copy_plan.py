@@ -48,7 +48,8 @@ def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: 
     """The bucket layout of a full export of ``model`` for ``consumer`` (floating-point tensors
     in ``dtype`` when given), or None when an export needs more than copies (a handler that
     converts other than by slicing a parameter into views that tile it, a parameter sharded
-    otherwise than in equal row blocks, or one larger than a bucket).
+    otherwise than in equal row blocks, one larger than a bucket, or a value a plugin computes
+    at each export: ``graft_export_entries``).
 
     Depends only on the model and the arguments, so every rank decides the same and issues the
     same all-gathers in the same order; ``bucket`` is None on ranks that only help gather.
@@ -58,6 +59,8 @@ def plan_copies(model: torch.nn.Module, *, bucket: Bucket | None, bucket_bytes: 
     buckets: list[list[PlannedTensor]] = [[]]
     used = 0
     for name, value in exported_entries(model):
+        if not isinstance(value, torch.Tensor):
+            return None
         shape = tuple(value.shape)
         exported = dtype if dtype is not None and value.is_floating_point() else value.dtype
         nbytes = value.numel() * exported.itemsize

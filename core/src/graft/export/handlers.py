@@ -156,7 +156,9 @@ def block_hf_name(name: str, shape: tuple[int, ...], dtype: torch.dtype,
 
 
 def exported_entries(model: torch.nn.Module) -> list[tuple[str, Any]]:
-    """The tensors an export covers, in order: parameters and persistent buffers, tied ones once."""
+    """The tensors an export covers, in order: parameters and persistent buffers, tied ones
+    once; or what a ``graft_export_entries`` plugin exports instead (values that are functions
+    are computed when their turn comes: `entry_tensor`)."""
     seen: set[int] = set()
     entries = []
     for name, value in model.state_dict(keep_vars=True).items():
@@ -164,4 +166,11 @@ def exported_entries(model: torch.nn.Module) -> list[tuple[str, Any]]:
             continue
         seen.add(id(value))
         entries.append((name, value))
-    return entries
+    replaced = get_plugin_manager().hook.graft_export_entries(model=model, entries=entries)
+    return entries if replaced is None else replaced
+
+
+def entry_tensor(value: Any) -> torch.Tensor:
+    """An `exported_entries` value as a tensor: a computed one (a function) is called now (on
+    every rank, in export order: it may gather)."""
+    return value if isinstance(value, torch.Tensor) else value()

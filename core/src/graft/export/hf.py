@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from graft.errors import CheckpointError
 from graft.export.context import ExportContext
 from graft.export.handlers import export_slots, meta_skeleton
 from graft.export.sinks.hf_dir import HFDirectorySink
@@ -71,6 +72,12 @@ def export_checkpoint_to_hf(ckpt: Path, out_dir: Path, *, dtype_name: str, force
     cfg = compose(["engine.ep_size=1"], config_files=[ckpt / "config.yaml"])
     skeleton = build_skeleton(cfg.model)
     tensors = load_tensors(ckpt, note=damaged_advice(ckpt))
+    lacking = [name for name in skeleton.state_dict() if name not in tensors]
+    if lacking:
+        raise CheckpointError(f"{ckpt} holds only part of the model: no {lacking[0]} (and "
+                              f"{len(lacking) - 1} more); the run's plugins saved the rest "
+                              f"elsewhere (graft_ckpt_save), so this export cannot rebuild it; use "
+                              f"the run's hf/ folder, or the export its plugin's README names")
     dtype = resolve_dtype(dtype_name, skeleton)
     ctx = ExportContext(skeleton, skeleton.config.model_type, skeleton, dtype)
     sink = HFDirectorySink(out_dir, config=skeleton.config, architecture=type(skeleton).__name__,

@@ -26,6 +26,7 @@ from graft.export.expert_blocks import ReceiveBuffers, stream_expert_blocks
 from graft.export.gather import expert_mesh_dim, gather_full
 from graft.export.handlers import (
     block_hf_name,
+    entry_tensor,
     export_slots,
     exported_entries,
     meta_skeleton,
@@ -77,7 +78,8 @@ def _entries(model: torch.nn.Module, dtype: torch.dtype | None, is_main: bool,
     ctx = ExportContext(model, model.config.model_type, meta_skeleton(model), dtype,
                         consumer=consumer)
     buffers = ReceiveBuffers()
-    for name, value in exported_entries(model):
+    for name, entry in exported_entries(model):
+        value = entry_tensor(entry)
         if expert_mesh_dim(value) is not None:
             yield from _expert_block_entries(name, value, ctx, buffers, is_main)
             continue

@@ -17,7 +17,7 @@ for every hook:
 The specs live in this package's modules, by concept: `registration` (what a plugin declares:
 sections, rules, settings, families and every registry), `training` (model build, micro-batches,
 the compute wrapper, loss, step, the ranks' roles), `rollout` (generation, who runs the rewards,
-where the experience comes from) and `weights`
+where the experience comes from, how a step's batch is shaped) and `weights`
 (checkpoint loading, export). This module is the contract's table of contents: every spec is
 importable from it.
 """
@@ -48,6 +48,7 @@ from graft.hookspecs.registration import (  # noqa: E402
     graft_trainer_modes,
 )
 from graft.hookspecs.rollout import (  # noqa: E402
+    graft_batch_shaper,
     graft_episode_runner,
     graft_experience_source,
     graft_inference_copy,
@@ -66,17 +67,23 @@ from graft.hookspecs.training import (  # noqa: E402
     graft_role_runner,
     graft_step_begin,
     graft_step_end,
+    graft_train_end,
 )
 from graft.hookspecs.weights import (  # noqa: E402
     graft_ckpt_load,
+    graft_ckpt_save,
+    graft_export_entries,
     graft_export_slots,
+    graft_weights_loaded,
 )
 
 __all__ = [
     "PROJECT_NAME",
     "graft_advantage_estimators",
     "graft_auto_settings",
+    "graft_batch_shaper",
     "graft_ckpt_load",
+    "graft_ckpt_save",
     "graft_compute",
     "graft_config_choices",
     "graft_config_rules",
@@ -84,6 +91,7 @@ __all__ = [
     "graft_environments",
     "graft_episode_runner",
     "graft_experience_source",
+    "graft_export_entries",
     "graft_export_slots",
     "graft_inference_copy",
     "graft_loss_agg_modes",
@@ -106,7 +114,9 @@ __all__ = [
     "graft_static_decoder",
     "graft_step_begin",
     "graft_step_end",
+    "graft_train_end",
     "graft_trainer_modes",
+    "graft_weights_loaded",
     "hookimpl",
     "hookspec",
 ]

@@ -1,5 +1,6 @@
 """Rollout hooks (RL): generation, or a plugin's episodes in its place, and what plugins record
-during it; who runs the rewards of its samples; the static decode's copy and its decode loop."""
+during it; who runs the rewards of its samples; the static decode's copy and its decode loop;
+where a step's experience comes from and how it is shaped before the update."""
 
 from __future__ import annotations
 
@@ -167,4 +168,33 @@ def graft_experience_source(cfg: Any, job: Any, engine: Any, env: Any, run_dir: 
     Return None to pass: the job generates with ``rollout.engine`` on the training ranks.
     Must not mutate ``cfg``, ``job``'s sampler (the job draws each step's prompts) or
     ``engine``'s weights. ``firstresult``: the first source returned is used.
+    """
+
+
+@hookspec(firstresult=True)
+def graft_batch_shaper(cfg: Any, env: Any, eos_token_id: int | None) -> Any:
+    """Shape what each RL step trains on: which groups, which samples' loss, which rewards.
+
+    When: once per RL run, when the RL job is built (before the first step; also for a
+    plugin's rollout workers' jobs, which never train); on every rank. Who: a plugin that
+    filters or reweighs a step's batch (graft-dapo: groups whose ``rollout.n`` rewards are all
+    equal dropped and the step refilled with more prompts, truncated responses masked or
+    penalised). ``cfg`` is the root config, ``env`` the rank's `graft.engine.DistEnv`,
+    ``eos_token_id`` the tokenizer's (a response that ends without it within
+    ``rollout.max_new_tokens`` was truncated: `graft.rl.is_truncated`).
+
+    Return a `graft.rl.BatchShaper`: every step the job calls its ``shape(draw, refill=)``
+    and trains on the `graft.rl.Experience` it returns (this rank's share; ``rollout.n``
+    consecutive samples per prompt). ``draw()`` is this rank's share of one round: the
+    sampler's next ``rollout.prompts_per_step`` prompts, generated and scored (or a plugin's
+    `graft.rl.ExperienceSource`'s experience for them). ``shape`` calls it at least once and
+    the same number of times on every rank (a draw generates: its collectives must pair);
+    with ``refill`` False (an experience source supplies the step) exactly once.
+    `graft.rl.merge_experiences` joins rounds. The metrics it returns (counts, fractions,
+    means) join the step's after the update's and replace any of the same name (so a
+    ``response_truncated_fraction`` it reads before zeroing a loss mask is the one logged).
+    Return None to pass: the step trains on one ``draw()`` as it is, with no extra metrics.
+    Must not mutate ``cfg`` or the drawn samples: return new ones (a ``loss_mask`` of 0 adds
+    no gradient and no tokens to the loss normalisers) and new rewards (float64).
+    ``firstresult``: the first shaper returned is used.
     """

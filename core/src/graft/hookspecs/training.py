@@ -170,6 +170,20 @@ def graft_step_end(step: int, metrics: dict[str, float]) -> None:
     """
 
 
+@hookspec
+def graft_train_end(model: torch.nn.Module, cfg: Any, run_dir: Any, is_main: bool) -> None:
+    """Write what a plugin leaves at the end of a training run, next to the core's ``hf/``.
+
+    When: once, after the last step and its checkpoint are saved and before the Hugging Face
+    export (``export.hf_at_end``); on every training rank (it may run collectives over the
+    model's ranks), not on ranks of other roles, and not when a finished run is started
+    again. ``model`` is the trained (possibly sharded) policy, ``cfg`` the root config,
+    ``run_dir`` the run directory (a `pathlib.Path`); ``is_main`` is the rank that writes
+    files. Write only under ``run_dir``, to paths your plugin owns; must not mutate ``model``
+    or ``cfg``. Not ``firstresult``.
+    """
+
+
 # --------------------------------------------------------------------------------------------
 # Roles: ranks of the run that do something other than train.
 # --------------------------------------------------------------------------------------------
@@ -185,11 +199,12 @@ def graft_rank_roles(cfg: Any, world_size: int) -> dict[str, list[int]] | None:
     torchrun started (1 without torchrun).
 
     Return global ranks by role name: ``trainer`` (rank 0, which writes the run's files, and
-    others) and the plugin's own roles; every rank exactly once. Each role gets meshes of its own (`graft.engine.DistEnv` ``role``,
-    ``role_ranks``, ``group``; the trainers' with ``engine.ep_size`` and the sequence-parallel
-    size), the trainers build and train the model, and a rank of another role runs what
-    ``graft_role_runner`` returns for it. Return None to pass: every rank trains. Must not
-    mutate ``cfg``. ``firstresult``: the first split returned is used.
+    others) and the plugin's own roles; every rank exactly once. Each role gets meshes of its
+    own (`graft.engine.DistEnv` ``role``, ``role_ranks``, ``group``; the trainers' with
+    ``engine.ep_size`` and the sequence-parallel size), the trainers build and train the
+    model, and a rank of another role runs what ``graft_role_runner`` returns for it. Return
+    None to pass: every rank trains. Must not mutate ``cfg``. ``firstresult``: the first split
+    returned is used.
     """
 
 

@@ -39,9 +39,72 @@ def graft_ckpt_load(
     """
 
 
+@hookspec
+def graft_ckpt_save(state: dict[str, Any], model: torch.nn.Module, optimizer: Any) -> None:
+    """Choose what a checkpoint holds, before it is written.
+
+    When: at every checkpoint save, on every rank, after the live entries were collected and
+    before the disk space is checked and anything is written. ``state`` is ``{"model": ...,
+    "optim": ...}`` keyed as in ``graft_ckpt_load``.
+
+    May mutate ``state`` by deleting entries that your plugin rebuilds identically on resume
+    without reading them (a frozen base model that ``model.path`` or the seed recreates, under
+    adapters); the same
+    entries must then be kept fresh on load (``graft_ckpt_load``: add ``"model.<fqn>"`` to
+    ``ctx.keep_fresh``), or the load fails naming them. Delete the same keys on every rank. Must
+    not touch ``model`` or ``optimizer``. Not ``firstresult``; no cross-rank communication.
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Model weights: after reading a ``model.path`` checkpoint into a built model.
+# --------------------------------------------------------------------------------------------
+
+
+@hookspec
+def graft_weights_loaded(model: torch.nn.Module, missing: list[str], seed: int) -> list[str]:
+    """Initialise the parameters a ``model.path`` checkpoint has no values for.
+
+    When: once per model built from ``model.path``, on every rank, right after its weights were
+    read into the sharded model. ``missing`` are
+    the fully qualified names of the model's parameters and buffers the checkpoint lacks: a
+    plugin's own additions (adapters made in ``graft_pre_shard``, on meta until now: their
+    storage is uninitialised). ``seed`` is ``trainer.seed``, for initialising them as the
+    same run built from a preset would.
+
+    Fill the ones your plugin created (sharded values: the same full tensor on every rank,
+    then each rank's shard) and return their names; mutate nothing else of ``model``. A missing
+    name that no plugin returns is an error naming it. Not ``firstresult``: every plugin runs;
+    the names are collected.
+    """
+
+
 # --------------------------------------------------------------------------------------------
 # Export: mapping trained parameters to the consumer's (Hugging Face) layout.
 # --------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def graft_export_entries(
+    model: torch.nn.Module, entries: list[tuple[str, Any]]
+) -> list[tuple[str, Any]] | None:
+    """The tensors an export of ``model`` covers, when they are not its own state dict.
+
+    When: at every export of the trained model (a Hugging Face directory, an inference
+    engine's weight sync, the embedded engine's decode copy), on every rank, before anything
+    is gathered, and when an export's bucket plan is made. ``entries`` are the core's
+    ``(name, tensor)`` pairs in export order: parameters and persistent buffers, tied ones once.
+
+    ``firstresult``: return the list to export instead, or None to keep ``entries``. An entry's
+    value is a tensor, or a function of no arguments that returns one, called on every rank in
+    export order when its turn comes (it may run collectives: every rank calls it), so a value
+    computed from several parameters (base weight + adapter product) exists one at a time.
+    A computed value has the shape, dtype and sharding (a DTensor placed as its parameter) of
+    the parameter it stands for. Such an export streams parameter by parameter (no bucket
+    plan). Must not mutate ``model``.
+    """
+
+
 
 
 @hookspec(firstresult=True)

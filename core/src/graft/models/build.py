@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from graft.errors import ConfigError, did_you_mean
 from graft.models.family import ModelFamily
 from graft.models.registry import family_for, preset
-from graft.plugins import GraftPluginManager
+from graft.plugins import GraftPluginManager, get_plugin_manager
 
 if TYPE_CHECKING:
     import torch
@@ -85,15 +85,24 @@ def build_empty_model(model_cfg: ModelConfig, *, manager: GraftPluginManager | N
 
 
 def load_pretrained_weights(model: torch.nn.Module, model_cfg: ModelConfig, *,
-                            is_main: bool, every_rank_reads: bool = False) -> None:
+                            is_main: bool, every_rank_reads: bool = False, seed: int = 0) -> None:
     """Fill a sharded model (`build_empty_model`, then parallelized) from ``model.path``: rank 0
     reads the checkpoint (``from_pretrained`` on CPU: one host copy for the whole run) and each
     parameter is broadcast and kept as each rank's shard. Call on every rank.
 
     ``every_rank_reads``: each rank reads the checkpoint itself and nothing is broadcast (one
     host copy per rank): for ranks split into roles (``graft_rank_roles``), whose models are
-    sharded over a part of the ranks while torch's broadcast spans them all."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    sharded over a part of the ranks while torch's broadcast spans them all.
+
+    Parameters the checkpoint lacks are initialised by the plugins that made them
+    (``graft_weights_loaded``, from ``seed``); any other missing or unexpected weight is a
+    `ConfigError` naming it."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
     from transformers import AutoModelForCausalLM
 
     full: dict[str, Any] = {}
@@ -105,8 +114,37 @@ def load_pretrained_weights(model: torch.nn.Module, model_cfg: ModelConfig, *,
                                                       **_model_kwargs(model_cfg))
         full = source.state_dict()
         del source
+    # Compared here, not taken from set_model_state_dict's result: with strict=False torch loads
+    # the model's own values for the names the checkpoint lacks (it reports none missing), and
+    # sees unexpected names only where the checkpoint was read (rank 0 when it broadcasts).
+    names = set(get_model_state_dict(model))
+    found = ((sorted(names - full.keys()), sorted(full.keys() - names))
+             if is_main or every_rank_reads else None)
+    if not every_rank_reads and dist.is_initialized() and dist.get_world_size() > 1:
+        holder = [found]
+        dist.broadcast_object_list(holder, src=0)  # as torch's broadcast of the weights does
+        found = holder[0]
+    missing, unexpected = found
+    if unexpected:
+        raise ConfigError(f"model.path {model_cfg.path}: the checkpoint has weights the model built "
+                          f"from its config lacks ({_few(unexpected)}); check that its "
+                          f"config.json matches the weights, and model.config_overrides")
     set_model_state_dict(model, full, options=StateDictOptions(
-        full_state_dict=True, broadcast_from_rank0=not every_rank_reads))
+        full_state_dict=True, broadcast_from_rank0=not every_rank_reads, strict=False))
+    filled = get_plugin_manager().hook.graft_weights_loaded(
+        model=model, missing=list(missing), seed=seed) if missing else []
+    unfilled = sorted(set(missing) - {name for names in filled for name in names})
+    if unfilled:
+        raise ConfigError(f"model.path {model_cfg.path}: the checkpoint has no weights for "
+                          f"{_few(unfilled)}, and no plugin initialises them "
+                          f"(graft_weights_loaded); check that its config.json matches the weights, "
+                          f"and model.config_overrides")
+
+
+def _few(names: Sequence[str], most: int = 3) -> str:
+    """Up to ``most`` of ``names``, and how many more."""
+    shown = ", ".join(list(names)[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _model_kwargs(model_cfg: ModelConfig) -> dict[str, Any]:

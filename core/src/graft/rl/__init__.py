@@ -7,15 +7,24 @@ plugin builds on: the `RewardExecutor` protocol, its `RewardBatchResult` and `Re
 `run_reward` (one reward called), `reward_name` and `debug_trace` (for messages) and the core's
 own executor, `InlineRewards`; what a ``graft_experience_source`` plugin supplies, `Experience`
 through the `ExperienceSource` protocol, `merge_experiences` (several in one: a source that
-collects in rounds) and `sample_seed` (each sample's own seed); `RLJob` (the RL step:
-`RLJob.collect`, `RLJob.train_on`, and `RLJob.for_rollouts` for a plugin's rollout workers).
-Importing the package is cheap (no torch).
+collects in rounds) and `sample_seed` (each sample's own seed); what a ``graft_batch_shaper``
+plugin returns, the `BatchShaper` protocol, with `last_model_turn` and `is_truncated` (a
+response cut at ``rollout.max_new_tokens``); `RLJob` (the RL step: `RLJob.collect`,
+`RLJob.train_on`, and `RLJob.for_rollouts` for a plugin's rollout workers). Importing the
+package is cheap (no torch).
 """
 
 from graft.lazy import lazy_attributes
 from graft.rl.advantages import AdvantageEstimator
-from graft.rl.batch_shaping import merge_experiences
-from graft.rl.experience import Experience, ExperienceSource, sample_seed
+from graft.rl.experience import (
+    BatchShaper,
+    Experience,
+    ExperienceSource,
+    is_truncated,
+    last_model_turn,
+    merge_experiences,
+    sample_seed,
+)
 from graft.rl.reward_executor import (
     InlineRewards,
     RewardBatchResult,
@@ -27,8 +36,9 @@ from graft.rl.reward_executor import (
 )
 from graft.rl.rewards import RewardFunction
 
-__all__ = ["AdvantageEstimator", "Experience", "ExperienceSource", "InlineRewards",
-           "RewardBatchResult", "RewardExecutor", "RewardFailure", "RewardFunction", "debug_trace",
+__all__ = ["AdvantageEstimator", "BatchShaper", "Experience", "ExperienceSource",
+           "InlineRewards", "RewardBatchResult", "RewardExecutor", "RewardFailure",
+           "RewardFunction", "debug_trace", "is_truncated", "last_model_turn",
            "merge_experiences", "reward_name", "run_reward", "sample_seed", "RLJob"]
 
 # the RL step imports torch: loaded on first use

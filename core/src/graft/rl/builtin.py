@@ -43,12 +43,10 @@ def graft_config_choices() -> dict[str, Any]:
 @hookimpl
 def graft_config_rules() -> list[Any]:
     """Group estimators need groups (`graft.rl.advantages.group_estimator_needs_groups`); a
-    rollout correction's settings must agree (`check_rollout_correction`); so must dynamic
-    sampling's and the overlong penalty's (`graft.rl.batch_shaping.check_batch_shaping`)."""
+    rollout correction's settings must agree (`check_rollout_correction`)."""
     from graft.rl.advantages import group_estimator_needs_groups
-    from graft.rl.batch_shaping import check_batch_shaping
 
-    return [group_estimator_needs_groups, check_rollout_correction, check_batch_shaping]
+    return [group_estimator_needs_groups, check_rollout_correction]
 
 
 def check_rollout_correction(*, cfg: GraftConfig) -> None:

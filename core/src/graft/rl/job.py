@@ -9,9 +9,11 @@ update's own: the ratio is 1 by construction) and with an off-policy correction
 loss by the ratio of the old log-probs to the rollout's. After the update the rollout engine
 receives the new weights. A plugin may supply each step's scored samples instead
 (``graft_experience_source``, `graft.rl.experience`: graft-async-rl's rollout workers), which
-then receive the weights; `RLJob.collect` is what such workers run. With a held-out set the job validates (`graft.rl.validation`) and it
-writes a few of each step's generations to ``samples.jsonl`` (`graft.training.samples`), in
-`after_step`.
+then receive the weights; `RLJob.collect` is what such workers run. A plugin may shape what each
+step trains on (``graft_batch_shaper``, `graft.rl.BatchShaper`: graft-dapo's dynamic sampling
+and overlong filter); without one the step trains on one draw. With a held-out set the job
+validates (`graft.rl.validation`) and it writes a few of each step's generations to
+``samples.jsonl`` (`graft.training.samples`), in `after_step`.
 """
 
 from __future__ import annotations
@@ -39,9 +41,8 @@ from graft.losses.registry import policy_losses
 from graft.plugins import get_plugin_manager
 from graft.plugins.keywords import call_with_keywords
 from graft.rl.advantages import advantage_estimators, compute_advantages
-from graft.rl.batch_shaping import BatchShaper
 from graft.rl.corrections import WEIGHTS, apply_correction, rollout_corrections
-from graft.rl.experience import Experience, ExperienceSource, sample_seed
+from graft.rl.experience import BatchShaper, Experience, ExperienceSource, sample_seed
 from graft.rl.rewards import RewardScorer
 from graft.rl.step_metrics import EXACT_FRACTION, MISMATCH, mismatch_metrics, rollout_metrics
 from graft.rl.validation import Validator
@@ -129,6 +130,9 @@ class RLJob:
         # a plugin's runner in place of one generate per prompt (graft-multiturn's episodes)
         self.episodes: EpisodeRunner | None = get_plugin_manager().hook.graft_episode_runner(
             cfg=cfg, tokenizer=tokenizer, env=env)
+        # a plugin's shaping of each step's batch (graft-dapo); None: one draw, as it is
+        self.shaper: BatchShaper | None = get_plugin_manager().hook.graft_batch_shaper(
+            cfg=cfg, env=env, eos_token_id=tokenizer.eos_token_id)
 
     @classmethod
     def for_rollouts(cls, cfg: GraftConfig, *, env: DistEnv, run_dir: Path) -> RLJob:
@@ -186,12 +190,17 @@ class RLJob:
                                     step=self.steps_done)
             return self.source.experience(self.steps_done, indices)
 
-        # dynamic sampling and the overlong filter or penalty (`graft.rl.batch_shaping`; off:
-        # one draw, unchanged); a plugin's source is shaped without drawing again
-        shaper = BatchShaper(self.cfg, self.env, self.tokenizer.eos_token_id)
-        experience, shaped = shaper.shape(draw, refill=self.source is None)
+        # a plugin's shaping (``graft_batch_shaper``: graft-dapo's dynamic sampling, overlong
+        # filter or penalty) may draw again, except from a plugin's source; none: one draw
+        shaped: dict[str, float] = {}
+        if self.shaper is None:
+            experience = draw()
+        else:
+            experience, shaped = self.shaper.shape(draw, refill=self.source is None)
         metrics = self.train_on(engine, experience)
-        metrics.update(shaped)  # response_truncated_fraction as read before the filter's mask
+        # after the update's: a shaper's response_truncated_fraction was read before the masks
+        # it set (a masked turn no longer counts as truncated)
+        metrics.update(shaped)
         metrics.update(self.rollout.sync_weights() if self.source is None
                        else self.source.publish(engine, self.steps_done))
         return metrics

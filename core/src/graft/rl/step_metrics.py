@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from graft.engine.batch.micro_batch import MicroBatch
 from graft.engine.distributed.env import DistEnv, all_reduce
-from graft.rl.batch_shaping import is_truncated
+from graft.rl.experience import is_truncated
 from graft.rollout.types import RolloutSample
 
 MISMATCH = "train_infer_logprob_diff"

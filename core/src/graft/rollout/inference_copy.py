@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from graft.export.gather import gather_full
-from graft.export.handlers import exported_entries
+from graft.export.handlers import entry_tensor, exported_entries
 from graft.models.registry import family_for
 from graft.plugins import GraftPluginManager, get_plugin_manager
 
@@ -77,8 +77,8 @@ class InferenceCopy:
     def refresh(self) -> None:
         """Copy the trained model's current weights in (a collective: every rank calls it), then
         let plugins make the copy compute what the policy does (``graft_inference_copy``)."""
-        for name, value in exported_entries(self.trained):
-            whole, _ = gather_full(value, dtype=self.dtype)
+        for name, entry in exported_entries(self.trained):
+            whole, _ = gather_full(entry_tensor(entry), dtype=self.dtype)
             self._targets[name].copy_(whole)
         # Non-persistent buffers (rotary tables) are not in the state dict: take them as they are.
         for name, buffer in self.trained.named_buffers():

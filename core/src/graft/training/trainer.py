@@ -266,6 +266,8 @@ class Trainer:
         finally:
             self.job.close()
         self.checkpoints.wait()
+        self.manager.hook.graft_train_end(model=self.engine.model, cfg=self.cfg,
+                                          run_dir=self.run_dir, is_main=self.env.is_main)
         if self.cfg.export.hf_at_end:
             self.export_hf(self.run_dir / "hf")
         if self.env.is_main:  # the steps' records (step 0 holds only what ran before them)

@@ -283,5 +283,5 @@ def build_parallel_model(env: DistEnv, *, cfg: GraftConfig, role: str = "policy"
                         meshes=env.meshes)
     if cfg.model.path:
         load_pretrained_weights(model, cfg.model, is_main=env.is_main,
-                                every_rank_reads=env.role_ranks is not None)
+                                every_rank_reads=env.role_ranks is not None, seed=cfg.trainer.seed)
     return model, family

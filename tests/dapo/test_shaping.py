@@ -1,27 +1,18 @@
-"""DAPO's batch shaping (``algorithm.dynamic_sampling``, ``algorithm.overlong``): each function on
-hand-computed batches, the shaper's rounds and its choice of groups (on one rank and on two
-simulated ranks), the config rules, and short ``graft train`` runs on one and two gloo ranks."""
+"""graft-dapo's shaping (``features.dapo.dynamic_sampling``, ``features.dapo.overlong``): each
+function on hand-computed batches, and the shaper's rounds and its choice of groups (on one
+rank and on two simulated ranks). Moved from tests/core/rl/test_batch_shaping.py; the core's
+`merge_experiences` and `is_truncated` are tested in tests/core/rl/test_batch_shaper_hook.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 import torch
 
 from graft.config import compose
-from graft.errors import ConfigError
 from graft.rl import Experience, merge_experiences
-from graft.rl.batch_shaping import (
-    BatchShaper,
-    flat_groups,
-    is_truncated,
-    overlong_penalty,
-    plan_groups,
-    take_groups,
-)
-from graft.rollout.types import RolloutSample
+from graft.rollout import RolloutSample
+from graft_dapo import DapoShaper, flat_groups, overlong_penalty, plan_groups, take_groups
 
 EOS = 2
 CPU = SimpleNamespace(device=torch.device("cpu"), dp_group=None, dp_size=1, dp_rank=0)
@@ -52,18 +43,6 @@ def test_overlong_penalty_is_zero_then_falls_linearly_over_the_buffer() -> None:
     assert half.tolist() == [-0.375]
 
 
-def test_truncation_is_a_full_last_model_turn_without_eos() -> None:
-    assert is_truncated(sample(4), max_new_tokens=4, eos_token_id=EOS)
-    assert not is_truncated(sample(4, eos=True), max_new_tokens=4, eos_token_id=EOS)
-    assert not is_truncated(sample(3), max_new_tokens=4, eos_token_id=EOS)
-    # an episode: model tokens 1, environment tokens 0; the cap applies to the last model turn
-    episode = RolloutSample([1], [7, 7, 9, 9, 7, 7, 7, 7], None,
-                            loss_mask=torch.tensor([1.0, 1, 0, 0, 1, 1, 1, 1]))
-    assert is_truncated(episode, max_new_tokens=4, eos_token_id=EOS)
-    episode.loss_mask = torch.tensor([1.0, 1, 1, 1, 0, 0, 1, 1])
-    assert not is_truncated(episode, max_new_tokens=4, eos_token_id=EOS)
-
-
 def test_flat_groups_are_those_whose_rewards_are_all_equal() -> None:
     rewards = torch.tensor([1.0, 1, 1, 0, 1, 0, 0.5, 0.5, 0.5], dtype=torch.float64)
     assert flat_groups(rewards, 3) == [True, False, True]
@@ -79,27 +58,20 @@ def test_plan_keeps_the_first_kept_groups_and_pads_to_the_data_parallel_size() -
     assert plan_groups([False] * 4, batch=4, multiple=2) == ([], [0, 1])
 
 
-def test_take_and_merge_keep_prompts_samples_rewards_and_versions_together() -> None:
+def test_take_keeps_prompts_samples_rewards_and_versions_together() -> None:
     one = experience([1, 1, 0, 1], [10, 11], versions=[3, 3, 4, 4])
     two = experience([0, 1, 5, 5], [12, 13], versions=[5, 5, 5, 6])
-    two.metrics = {"reward_errors": 3.0, "other": 2.0}
-    merged = merge_experiences([one, two])
-    assert merged.prompt_indices == [10, 11, 12, 13]
-    assert merged.rewards.tolist() == [1, 1, 0, 1, 0, 1, 5, 5]
-    assert merged.texts == ["p10", "p10", "p11", "p11", "p12", "p12", "p13", "p13"]
-    assert merged.policy_versions == [3, 3, 4, 4, 5, 5, 5, 6]
-    assert merged.rollout_s == 2.0 and merged.metrics == {"reward_errors": 2.0, "other": 2.0}
-    picked = take_groups(merged, [3, 1], 2)
+    picked = take_groups(merge_experiences([one, two]), [3, 1], 2)
     assert picked.prompt_indices == [13, 11]
     assert picked.rewards.tolist() == [5, 5, 0, 1]
+    assert picked.texts == ["p13", "p13", "p11", "p11"]
     assert picked.policy_versions == [5, 6, 4, 4]
-    assert merge_experiences([one, experience([1, 1], [9])]).policy_versions is None
 
 
-def shaper(*overrides: str, env: SimpleNamespace = CPU) -> BatchShaper:
+def shaper(*overrides: str, env: SimpleNamespace = CPU) -> DapoShaper:
     cfg = compose(["rollout.n=2", "rollout.prompts_per_step=2", "rollout.max_new_tokens=4",
                    *overrides])
-    return BatchShaper(cfg, env, EOS)
+    return DapoShaper(cfg, env, EOS)
 
 
 def rounds_of(*parts: Experience):
@@ -111,7 +83,7 @@ def test_dynamic_sampling_draws_until_the_batch_is_full_and_keeps_draw_order() -
     # round 1: prompt 10 flat, 11 kept; round 2: 12 flat, 13 kept -> 2 groups: stop
     draw = rounds_of(experience([1, 1, 0, 1], [10, 11]), experience([0, 0, 1, 0], [12, 13]),
                      experience([0, 1, 0, 1], [14, 15]))
-    got, metrics = shaper("algorithm.dynamic_sampling=true").shape(draw, refill=True)
+    got, metrics = shaper("features.dapo.dynamic_sampling=true").shape(draw, refill=True)
     assert got.prompt_indices == [11, 13]
     assert got.rewards.tolist() == [0, 1, 1, 0]
     assert all(s.loss_mask is None for s in got.samples)
@@ -126,20 +98,20 @@ def test_dynamic_sampling_draws_until_the_batch_is_full_and_keeps_draw_order() -
 
 def test_dynamic_sampling_trims_to_the_batch_and_stops_after_its_rounds() -> None:
     draw = rounds_of(experience([0, 1, 1, 0], [10, 11]))
-    got, metrics = shaper("algorithm.dynamic_sampling=true",
+    got, metrics = shaper("features.dapo.dynamic_sampling=true",
                           "rollout.prompts_per_step=1").shape(draw, refill=True)
     assert got.prompt_indices == [10] and metrics["dynamic_sampling/kept_groups"] == 2.0
     # two rounds, nothing kept: the first dropped group pads the batch, its loss masked
     draw = rounds_of(experience([1, 1, 0, 0], [10, 11]), experience([2, 2, 3, 3], [12, 13]))
-    got, metrics = shaper("algorithm.dynamic_sampling=true",
-                          "algorithm.max_sampling_rounds=2").shape(draw, refill=True)
+    got, metrics = shaper("features.dapo.dynamic_sampling=true",
+                          "features.dapo.max_sampling_rounds=2").shape(draw, refill=True)
     assert got.prompt_indices == [10]
     assert all(s.loss_mask.tolist() == [0.0, 0.0] for s in got.samples)
     assert metrics["dynamic_sampling/rounds"] == 2.0
     assert metrics["dynamic_sampling/padded_groups"] == 1.0
     # a plugin's source: shaped, never drawn again
     draw = rounds_of(experience([1, 1, 0, 1], [10, 11]), experience([0, 1, 0, 1], [12, 13]))
-    got, metrics = shaper("algorithm.dynamic_sampling=true").shape(draw, refill=False)
+    got, metrics = shaper("features.dapo.dynamic_sampling=true").shape(draw, refill=False)
     assert got.prompt_indices == [11] and metrics["dynamic_sampling/rounds"] == 1.0
 
 
@@ -153,7 +125,7 @@ def test_two_ranks_train_the_first_kept_groups_in_draw_order_dealt_as_prompts_ar
     for rank, want in ((0, [21, 25]), (1, [22, 26])):
         env = SimpleNamespace(**{**vars(CPU), "dp_size": 2, "dp_rank": rank})
         shaping = shaper("rollout.prompts_per_step=4", "rollout.n=4",
-                         "algorithm.dynamic_sampling=true", env=env)
+                         "features.dapo.dynamic_sampling=true", env=env)
         shaping._gather = lambda parts: ranks
         got, padding, metrics = shaping._select(ranks[rank], batch=4)
         assert got.prompt_indices == want and padding == [False] * 8
@@ -168,8 +140,8 @@ def test_overlong_penalty_lowers_rewards_before_the_groups_are_judged() -> None:
     # max 4 tokens, buffer 2: 3 tokens cost 0.5, 4 cost 1
     part = experience([1, 1, 0, 0], [10, 11])
     part.samples = [sample(3, eos=True), sample(1, eos=True), sample(4), sample(4)]
-    got, metrics = shaper("algorithm.overlong=penalty", "algorithm.overlong_buffer=2",
-                          "algorithm.dynamic_sampling=true",
+    got, metrics = shaper("features.dapo.overlong=penalty", "features.dapo.overlong_buffer=2",
+                          "features.dapo.dynamic_sampling=true",
                           "rollout.prompts_per_step=1").shape(rounds_of(part), refill=True)
     # group 10 is no longer flat (0.5, 1), group 11 is (-1, -1)
     assert got.prompt_indices == [10] and got.rewards.tolist() == [0.5, 1.0]
@@ -180,14 +152,14 @@ def test_overlong_filter_masks_truncated_responses_and_keeps_their_rewards() -> 
     part = experience([1, 0, 0, 1], [10, 11])
     part.samples = [sample(4), sample(4, eos=True), sample(2),
                     sample(4, mask=[1.0, 1.0, 1.0, 1.0])]
-    got, metrics = shaper("algorithm.overlong=filter").shape(rounds_of(part), refill=True)
+    got, metrics = shaper("features.dapo.overlong=filter").shape(rounds_of(part), refill=True)
     assert got.rewards.tolist() == [1, 0, 0, 1]
     masks = [None if s.loss_mask is None else s.loss_mask.tolist() for s in got.samples]
     assert masks == [[0.0] * 4, None, None, [0.0] * 4]
     assert metrics == {"overlong/filtered": 2.0, "response_truncated_fraction": 0.5}
     # the penalty alone reports the truncated share too, and masks nothing
-    got, metrics = shaper("algorithm.overlong=penalty", "algorithm.overlong_buffer=1").shape(
-        rounds_of(part), refill=True)
+    got, metrics = shaper("features.dapo.overlong=penalty", "features.dapo.overlong_buffer=1"
+                          ).shape(rounds_of(part), refill=True)
     assert metrics["response_truncated_fraction"] == 0.5
     assert metrics["overlong/penalized"] == 3.0 and metrics["overlong/penalty_mean"] == -0.75
     assert [s.loss_mask is None for s in got.samples] == [True, True, True, False]
@@ -197,55 +169,3 @@ def test_nothing_changes_when_shaping_is_off() -> None:
     part = experience([1, 1, 0, 0], [10, 11])
     got, metrics = shaper().shape(rounds_of(part), refill=True)
     assert got is part and metrics == {}
-
-
-def test_rules_refuse_lone_samples_and_a_buffer_longer_than_the_response() -> None:
-    with pytest.raises(ConfigError, match="rollout.n=1"):
-        compose(["algorithm.dynamic_sampling=true", "rollout.n=1"])
-    with pytest.raises(ConfigError, match="overlong_buffer=9"):
-        compose(["algorithm.overlong=penalty", "algorithm.overlong_buffer=9",
-                 "rollout.max_new_tokens=8"])
-    compose(["algorithm.overlong=filter", "algorithm.overlong_buffer=9",
-             "rollout.max_new_tokens=8"])
-    with pytest.raises(ConfigError, match="overlong"):
-        compose(["algorithm.overlong=soft"])
-    with pytest.raises(ConfigError, match="max_sampling_rounds"):
-        compose(["algorithm.max_sampling_rounds=0"])
-
-
-RUN = ("trainer.total_steps=2", "rollout.prompts_per_step=4", "rollout.n=4",
-       "rollout.max_new_tokens=48", "rollout.seeded_sampling=true", "export.hf_at_end=false",
-       "algorithm.dynamic_sampling=true", "algorithm.max_sampling_rounds=3",
-       "algorithm.overlong=penalty", "algorithm.overlong_buffer=16")
-SHAPING = ("dynamic_sampling/", "overlong/")
-
-
-def test_a_run_with_dynamic_sampling_and_the_penalty_is_the_same_on_two_ranks(
-        graft_train, metrics_of, tmp_path: Path) -> None:
-    # seeded sampling keys each sample by its prompt: the ranks agree on every round, and the
-    # step trains on the same groups whatever the layout
-    graft_train(tmp_path / "one", *RUN)
-    graft_train(tmp_path / "two", *RUN, nproc=2)
-    one, two = metrics_of(tmp_path / "one"), metrics_of(tmp_path / "two")
-    for a, b in zip(one, two, strict=True):
-        shaped = {k: v for k, v in a.items() if k.startswith(SHAPING)}
-        assert shaped == {k: v for k, v in b.items() if k.startswith(SHAPING)}
-        assert 1 <= a["dynamic_sampling/rounds"] <= 3
-        assert a["dynamic_sampling/generated_groups"] == 4 * a["dynamic_sampling/rounds"]
-        assert a["overlong/penalty_mean"] < 0 and a["reward_mean"] == b["reward_mean"]
-        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
-
-
-def test_a_run_that_keeps_nothing_trains_on_masked_padding(graft_train, metrics_of,
-                                                           tmp_path: Path) -> None:
-    # exact_match on the random model: every reward 0, every group flat, every round dropped;
-    # the filter's truncation count is read before the masks
-    graft_train(tmp_path, "trainer.total_steps=1", "rollout.prompts_per_step=4", "rollout.n=4",
-                "rollout.max_new_tokens=48", "export.hf_at_end=false",
-                "algorithm.reward=exact_match", "algorithm.dynamic_sampling=true",
-                "algorithm.max_sampling_rounds=2", "algorithm.overlong=filter")
-    (row,) = metrics_of(tmp_path)
-    assert row["dynamic_sampling/rounds"] == 2 and row["dynamic_sampling/kept_groups"] == 0
-    assert row["dynamic_sampling/padded_groups"] == 1
-    assert row["loss"] == 0.0 and row["grad_norm"] == 0.0, "no token is trained on"
-    assert row["overlong/filtered"] == row["response_truncated_fraction"] * 4

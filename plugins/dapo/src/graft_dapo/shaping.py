@@ -1,26 +1,7 @@
-"""Shaping of an RL step's batch after DAPO (arXiv 2503.14476): dynamic sampling, and the
-overlong filter or penalty (``algorithm.dynamic_sampling``, ``algorithm.overlong``).
-
-* Dynamic sampling: a group (the ``rollout.n`` samples of one prompt) whose rewards are all
-  equal has zero advantage under GRPO and RLOO, so no policy gradient; such groups are dropped
-  and, in the colocated mode, more prompts are drawn and generated until
-  ``rollout.prompts_per_step`` groups are kept over all data-parallel ranks, or
-  ``algorithm.max_sampling_rounds`` rounds ran. The step trains on the first kept groups in the
-  order their prompts were drawn, dealt to the ranks as a colocated step deals its prompts
-  (group ``i`` to rank ``i % dp``), so the batch does not depend on the layout.
-* Overlong penalty: a response longer than ``max_new_tokens - overlong_buffer`` tokens gets
-  ``-overlong_penalty * (length - (max_new_tokens - overlong_buffer)) / overlong_buffer`` added to
-  its reward (down to ``-overlong_penalty`` at ``max_new_tokens``), before the group filter and
-  the advantages see the rewards.
-* Overlong filter: a truncated response (no ``eos`` within ``max_new_tokens``) keeps its place and
-  its reward in its group (the group's baseline), and its loss mask becomes 0: it adds no
-  gradient and no tokens to the loss normalisers. It is not dropped: the advantage estimators
-  need whole groups, and every rank must keep a share.
-
-The functions below are pure (hand-checked in tests/core/rl/test_batch_shaping.py);
-`BatchShaper` applies them to a step with the collectives the ranks need. torch is imported
-where the math runs: config validation imports this module for `check_batch_shaping`.
-"""
+"""DAPO's shaping of an RL step's batch (arXiv 2503.14476): the pure functions (hand-checked in
+tests/dapo/test_shaping.py) and `DapoShaper`, which applies them to a step with the collectives
+the data-parallel ranks need (the core's `graft.rl.BatchShaper` protocol). torch is imported
+where the math runs: importing this module is cheap."""
 
 from __future__ import annotations
 
@@ -28,38 +9,17 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from graft.errors import ConfigError
-from graft.rl.experience import Experience
+from graft.rl import Experience, is_truncated, last_model_turn, merge_experiences
+from graft_dapo.config import dapo_section
 
 if TYPE_CHECKING:
     import torch
 
-    from graft.config.schema import GraftConfig
-    from graft.engine.distributed.env import DistEnv
-    from graft.rollout.types import RolloutSample
+    from graft.engine import DistEnv
+    from graft.rollout import RolloutSample
 
 SAMPLING = "dynamic_sampling/"
 OVERLONG = "overlong/"
-
-
-def last_model_turn(sample: RolloutSample) -> list[int]:
-    """The response tokens ``rollout.max_new_tokens`` caps: all of a single-turn response, an
-    episode's last run of model tokens (``loss_mask`` 1) otherwise."""
-    if sample.loss_mask is None:
-        return list(sample.response_ids)
-    model = sample.loss_mask.tolist()
-    end = max((i + 1 for i, m in enumerate(model) if m), default=0)
-    start = end
-    while start > 0 and model[start - 1]:
-        start -= 1
-    return list(sample.response_ids[start:end])
-
-
-def is_truncated(sample: RolloutSample, *, max_new_tokens: int, eos_token_id: int | None) -> bool:
-    """Whether the sample's `last_model_turn` ran to ``max_new_tokens`` tokens without ``eos``
-    (read before any loss mask is zeroed: a zeroed mask hides the turn)."""
-    turn = last_model_turn(sample)
-    return len(turn) >= max_new_tokens and turn[-1] != eos_token_id
 
 
 def overlong_penalty(lengths: Sequence[int], *, max_new_tokens: int, buffer: int,
@@ -112,52 +72,17 @@ def take_groups(experience: Experience, groups: Sequence[int], group_size: int) 
         policy_versions=None if versions is None else [versions[r] for r in rows])
 
 
-def merge_experiences(parts: Sequence[Experience]) -> Experience:
-    """One `Experience` of ``parts`` (non-empty), in order: their prompts, samples and rewards
-    concatenated, their generation seconds summed, each metric the mean of the parts that
-    report it, ``policy_versions`` concatenated (None when a part has none)."""
-    import torch
+class DapoShaper:
+    """Applies ``features.dapo`` (dynamic sampling, the overlong filter or penalty) to each RL
+    step's experience on every data-parallel rank (the ranks run the same collectives), from
+    the root config ``cfg``; ``eos_token_id`` ends a response that was not truncated."""
 
-    keys = dict.fromkeys(k for p in parts for k in p.metrics)
-    metrics = {k: sum(p.metrics[k] for p in parts if k in p.metrics)
-               / sum(k in p.metrics for p in parts) for k in keys}
-    versions = None if any(p.policy_versions is None for p in parts) else [
-        v for p in parts for v in p.policy_versions or ()]
-    return Experience([i for p in parts for i in p.prompt_indices],
-                      [t for p in parts for t in p.texts], [s for p in parts for s in p.samples],
-                      torch.cat([p.rewards.double() for p in parts]),
-                      sum(p.rollout_s for p in parts), metrics, versions)
-
-
-def check_batch_shaping(*, cfg: GraftConfig) -> None:
-    """A config rule (``graft_config_rules``): dynamic sampling needs groups
-    (``rollout.n >= 2``: a lone sample's group is always flat), and the overlong penalty's
-    buffer must fit in ``rollout.max_new_tokens`` (`ConfigError`)."""
-    algorithm, rollout = cfg.algorithm, cfg.rollout
-    if cfg.trainer.mode != "rl":
-        return
-    if algorithm.dynamic_sampling and rollout.n < 2:
-        raise ConfigError(f"algorithm.dynamic_sampling=true drops the prompts whose "
-                          f"rollout.n samples all score the same; with rollout.n={rollout.n} "
-                          f"every prompt would be dropped: raise rollout.n to 2 or more")
-    buffer = algorithm.overlong_buffer
-    if algorithm.overlong == "penalty" and buffer is not None and buffer > rollout.max_new_tokens:
-        raise ConfigError(f"algorithm.overlong_buffer={buffer} is longer than "
-                          f"rollout.max_new_tokens={rollout.max_new_tokens}: the penalty would "
-                          f"start before the response does; lower it")
-
-
-class BatchShaper:
-    """Applies ``algorithm.dynamic_sampling`` and ``algorithm.overlong`` to each RL step's
-    experience on every data-parallel rank (the ranks run the same collectives), from the root
-    config ``cfg``; ``eos_token_id`` ends a response that was not truncated."""
-
-    def __init__(self, cfg: GraftConfig, env: DistEnv, eos_token_id: int | None) -> None:
+    def __init__(self, cfg: Any, env: DistEnv, eos_token_id: int | None) -> None:
         self.cfg, self.env, self.eos_token_id = cfg, env, eos_token_id
-        algorithm = cfg.algorithm
-        self.dynamic = algorithm.dynamic_sampling
-        self.overlong = algorithm.overlong
-        buffer = algorithm.overlong_buffer
+        dapo = self.dapo = dapo_section(cfg)
+        self.dynamic = bool(dapo.dynamic_sampling)
+        self.overlong = dapo.overlong
+        buffer = dapo.overlong_buffer
         self.buffer = buffer if buffer is not None else max(1, cfg.rollout.max_new_tokens // 5)
 
     @property
@@ -177,7 +102,7 @@ class BatchShaper:
         if not self.active:
             return draw(), {}
         n, batch = self.cfg.rollout.n, self.cfg.rollout.prompts_per_step
-        rounds = self.cfg.algorithm.max_sampling_rounds if self.dynamic and refill else 1
+        rounds = self.dapo.max_sampling_rounds if self.dynamic and refill else 1
         parts: list[Experience] = []
         kept = 0
         while True:
@@ -210,7 +135,7 @@ class BatchShaper:
             return experience
         lengths = [len(last_model_turn(s)) for s in experience.samples]
         penalty = overlong_penalty(lengths, max_new_tokens=self.cfg.rollout.max_new_tokens,
-                                   buffer=self.buffer, penalty=self.cfg.algorithm.overlong_penalty)
+                                   buffer=self.buffer, penalty=self.dapo.overlong_penalty)
         return dataclasses.replace(experience, rewards=experience.rewards.double() + penalty)
 
     def _select(self, parts: list[Experience], *,
@@ -254,7 +179,7 @@ class BatchShaper:
         truncated = sum(self._truncated(s) for s in samples)
         penalty = overlong_penalty([len(last_model_turn(s)) for s in samples],
                                    max_new_tokens=self.cfg.rollout.max_new_tokens,
-                                   buffer=self.buffer, penalty=self.cfg.algorithm.overlong_penalty)
+                                   buffer=self.buffer, penalty=self.dapo.overlong_penalty)
         totals = self._sum([float(len(samples)), float(truncated), float((penalty < 0).sum()),
                             float(penalty.sum())])
         count, truncated, penalized, penalty_sum = (float(v) for v in totals)
@@ -267,13 +192,15 @@ class BatchShaper:
         return metrics
 
     def _sum(self, values: list[float]) -> torch.Tensor:
-        """``values`` summed over the data-parallel ranks (float64)."""
+        """``values`` summed over the data-parallel ranks (float64, on the CPU)."""
         import torch
+        import torch.distributed as dist
 
-        from graft.engine.distributed.env import all_reduce
-
-        return all_reduce(torch.tensor(values, dtype=torch.float64, device=self.env.device),
-                          group=self.env.dp_group).cpu()
+        total = torch.tensor(values, dtype=torch.float64, device=self.env.device)
+        group = self.env.dp_group
+        if dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(total, group=group)
+        return total.cpu()
 
     def _gather(self, parts: list[Experience]) -> list[list[Experience]]:
         """Every data-parallel rank's rounds, by rank (pickled; each rank receives all the

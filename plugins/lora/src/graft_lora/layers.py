@@ -1,0 +1,144 @@
+"""The adapted modules. An adapted module keeps its class's behaviour and its parameters'
+names (``q_proj.weight``, ``experts.gate_up_proj``): its class becomes a subclass that adds
+the adapters' term, so checkpoints of the base, exports and FSDP2 see the module they know.
+
+* A linear layer gets ``lora_A`` (rank x in) and ``lora_B`` (out x rank) and computes
+  ``base(x) + scale * B(A(dropout(x)))``.
+* A fused experts module (3-D weights, one slice per expert) gets ``lora_A_<weight>``
+  (experts x rank x in) and ``lora_B_<weight>`` (experts x out x rank) for each 3-D weight, and
+  its forward reads ``weight + scale * B @ A`` per expert (one batched product per forward,
+  as PEFT's ``target_parameters`` does), whatever expert kernel the forward then runs.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Adapted subclasses, one per (adapter kind, base class, adapted weights).
+_CLASSES: dict[tuple[Any, ...], type] = {}
+
+
+class LinearAdapter:
+    """Mixin of an adapted ``nn.Linear`` (or subclass): the low-rank term added to its output."""
+
+    lora_A: nn.Parameter
+    lora_B: nn.Parameter
+    lora_scale: float
+    lora_dropout: float
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102 (nn.Linear's, plus B A x)
+        out = super().forward(x)  # type: ignore[misc]
+        if self.lora_dropout and self.training:
+            x = F.dropout(x, self.lora_dropout)
+        return out + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.lora_scale
+
+    def adapted_weights(self) -> dict[str, tuple[str, str]]:
+        """``{base weight: (A's name, B's name)}``."""
+        return {"weight": ("lora_A", "lora_B")}
+
+    def weight_delta(self, weight: str) -> torch.Tensor:
+        """``scale * B @ A``, the adapters' change of ``weight`` (out x in)."""
+        return (self.lora_B @ self.lora_A) * self.lora_scale
+
+
+class ExpertsAdapter:
+    """Mixin of an adapted fused-experts module: while its forward runs, each adapted 3-D
+    weight reads as ``weight + scale * B @ A`` (computed once per forward)."""
+
+    lora_weights: tuple[str, ...]
+    lora_scale: float
+    lora_transposed: bool
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 (the class's, merged)
+        self.__dict__["_lora_merged"] = {
+            name: self._parameters[name] + self.weight_delta(name)  # type: ignore[attr-defined]
+            for name in self.lora_weights}
+        try:
+            return super().forward(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.__dict__["_lora_merged"] = None
+
+    def adapted_weights(self) -> dict[str, tuple[str, str]]:
+        """``{base weight: (A's name, B's name)}``."""
+        return {name: (f"lora_A_{name}", f"lora_B_{name}") for name in self.lora_weights}
+
+    def weight_delta(self, weight: str) -> torch.Tensor:
+        """``scale * B @ A`` per expert, in the weight's own layout (experts x out x in, or
+        experts x in x out for transposed experts)."""
+        a = getattr(self, f"lora_A_{weight}")
+        b = getattr(self, f"lora_B_{weight}")
+        delta = torch.bmm(b, a) * self.lora_scale
+        return delta.transpose(1, 2) if self.lora_transposed else delta
+
+
+def _merged_weight(name: str) -> property:
+    def read(self: Any) -> torch.Tensor:
+        merged = self.__dict__.get("_lora_merged")
+        return merged[name] if merged else self._parameters[name]
+    return property(read)
+
+
+def _adapted_class(mixin: type, base: type, weights: tuple[str, ...] = ()) -> type:
+    key = (mixin, base, weights)
+    if key not in _CLASSES:
+        namespace = {name: _merged_weight(name) for name in weights}
+        _CLASSES[key] = type(f"Lora{base.__name__}", (mixin, base), namespace)
+    return _CLASSES[key]
+
+
+def adapt_linear(module: nn.Linear, *, rank: int, scale: float, dropout: float) -> None:
+    """Give ``module`` adapters (on its weight's device and dtype; initialised by
+    `initialise_adapters`) and the adapted class."""
+    weight = module.weight
+    factory = {"device": weight.device, "dtype": weight.dtype}
+    module.lora_A = nn.Parameter(torch.zeros(rank, module.in_features, **factory))
+    module.lora_B = nn.Parameter(torch.zeros(module.out_features, rank, **factory))
+    module.lora_scale, module.lora_dropout = scale, dropout
+    module.__class__ = _adapted_class(LinearAdapter, type(module))
+
+
+def expert_weights(module: nn.Module) -> tuple[str, ...]:
+    """The names of ``module``'s own 3-D parameters (fused experts), in registration order."""
+    return tuple(name for name, p in module.named_parameters(recurse=False) if p.dim() == 3)
+
+
+def adapt_experts(module: nn.Module, *, rank: int, scale: float) -> None:
+    """Give each 3-D weight of the fused experts ``module`` per-expert adapters, and the
+    adapted class. transformers stores them experts x out x in unless the module says
+    ``is_transposed`` (experts x in x out)."""
+    weights = expert_weights(module)
+    transposed = bool(getattr(module, "is_transposed", False))
+    for name in weights:
+        weight = module._parameters[name]
+        experts, rows, cols = weight.shape
+        fan_in, fan_out = (rows, cols) if transposed else (cols, rows)
+        factory = {"device": weight.device, "dtype": weight.dtype}
+        module.register_parameter(f"lora_A_{name}",
+                                  nn.Parameter(torch.zeros(experts, rank, fan_in, **factory)))
+        module.register_parameter(f"lora_B_{name}",
+                                  nn.Parameter(torch.zeros(experts, fan_out, rank, **factory)))
+    module.lora_weights, module.lora_scale, module.lora_transposed = weights, scale, transposed
+    module.__class__ = _adapted_class(ExpertsAdapter, type(module), weights)
+
+
+def is_adapted(module: nn.Module) -> bool:
+    """Whether `adapt_linear` or `adapt_experts` adapted ``module``."""
+    return isinstance(module, LinearAdapter | ExpertsAdapter)
+
+
+def initial_value(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """An adapter's initial value (float32, CPU), the same on every rank and at any world size:
+    an ``A`` (name ``lora_A...``) uniform in +-1/sqrt(fan in), PEFT's default (Kaiming uniform,
+    a = sqrt(5)), from a generator keyed by ``seed`` and ``name``; a ``B`` zeros, so a fresh
+    adapter changes nothing."""
+    if ".lora_B" in name:
+        return torch.zeros(shape)
+    generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
+    bound = 1.0 / math.sqrt(shape[-1])
+    return (torch.rand(shape, generator=generator) * 2 - 1) * bound

@@ -1,0 +1,90 @@
+"""graft-lora's table of contents: every point where it touches Graft's core, in the order of a
+run. Every hook is a no-op while ``features.lora.enabled`` is false.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from graft import hookimpl
+from graft_lora.config import SECTION, LoraConfig, lora_enabled, lora_section
+
+# The models given adapters (only these have a frozen base to leave out of checkpoints).
+_ADAPTED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@hookimpl
+def graft_config_sections() -> list[tuple[str, type]]:
+    """``features.lora`` (`LoraConfig`)."""
+    return [(SECTION, LoraConfig)]
+
+
+@hookimpl
+def graft_config_rules() -> list[Any]:
+    """What adapters cannot be combined with, refused before anything runs."""
+    from graft_lora.rules import lora_fits_the_run
+
+    return [lora_fits_the_run]
+
+
+@hookimpl
+def graft_pre_shard(model: Any, cfg: Any, role: str) -> None:
+    """Freeze the policy and give it adapters (the frozen KL reference stays the base)."""
+    if role != "policy" or not lora_enabled(cfg):
+        return
+    from graft_lora.apply import apply_lora
+
+    apply_lora(model, lora_section(cfg), seed=cfg.trainer.seed)
+    _ADAPTED.add(model)
+
+
+@hookimpl
+def graft_weights_loaded(model: Any, missing: list[str], seed: int) -> list[str]:
+    """The adapters of a ``model.path`` build: their initial values, as from a preset."""
+    from graft_lora.apply import initialise_missing
+
+    return initialise_missing(model, missing, seed)
+
+
+@hookimpl
+def graft_ckpt_save(state: dict[str, Any], model: Any) -> None:
+    """Checkpoints hold the adapters and their optimizer state, not the frozen base."""
+    if model not in _ADAPTED:
+        return
+    from graft_lora.apply import frozen_names
+
+    for name in frozen_names(model):
+        state["model"].pop(name, None)
+
+
+@hookimpl
+def graft_ckpt_load(model: Any, ctx: Any) -> None:
+    """The frozen base a checkpoint left out keeps the value the build gave it."""
+    if model not in _ADAPTED:
+        return
+    from graft_lora.apply import frozen_names
+
+    ctx.keep_fresh.update(f"model.{name}" for name in frozen_names(model)
+                          if f"model.{name}" not in ctx.checkpoint_keys)
+
+
+@hookimpl
+def graft_train_end(model: Any, cfg: Any, run_dir: Any, is_main: bool) -> None:
+    """The run's adapters as a PEFT adapter directory, ``<run_dir>/adapter``."""
+    if model not in _ADAPTED:
+        return
+    from graft_lora.adapter_dir import write_adapter
+
+    write_adapter(model, run_dir / "adapter", lora_section(cfg),
+                  base=cfg.model.path or cfg.model.preset, is_main=is_main)
+
+
+@hookimpl
+def graft_export_entries(model: Any, entries: list[tuple[str, Any]]
+                         ) -> list[tuple[str, Any]] | None:
+    """Exports (HF directories, weight syncs, the decode copy) get the merged weights
+    ``W + scale * B @ A``, not the adapters."""
+    from graft_lora.apply import merged_entries
+
+    return merged_entries(model, entries)
