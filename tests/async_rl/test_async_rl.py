@@ -113,6 +113,30 @@ def test_a_worker_generates_with_vllm(requires_vllm: None, graft_train, metrics_
     assert [row["async_rl/weight_sync_gb"] > 0 for row in rows] == [True, False, False]
 
 
+@pytest.mark.vllm
+def test_on_policy_vllm_workers_sample_and_train_as_colocated_vllm(
+        requires_vllm: None, graft_train, metrics_of, tmp_path: Path) -> None:
+    steps = ["trainer.total_steps=2", "checkpoint.every_steps=0", "rollout.engine=vllm",
+             "algorithm.rollout_correction=tis"]
+    graft_train(tmp_path / "colocated", *RUN, *steps)
+    graft_train(tmp_path / "workers", *RUN, *steps, *workers(1, 0), nproc=2)
+    colocated, separate = metrics_of(tmp_path / "colocated"), metrics_of(tmp_path / "workers")
+    for row, other in zip(colocated, separate, strict=True):
+        assert other["tokens"] == row["tokens"]  # the same samples, from the same seeds
+        for name in COMPARED:
+            assert other[name] == pytest.approx(row[name], abs=1e-6), (row["step"], name)
+
+
+@pytest.mark.vllm
+def test_two_vllm_workers_four_updates_ahead_stay_within_the_bound(
+        requires_vllm: None, graft_train, metrics_of, tmp_path: Path) -> None:
+    graft_train(tmp_path / "run", *RUN, "trainer.total_steps=6", "checkpoint.every_steps=0",
+                "rollout.engine=vllm", *workers(2, 4), nproc=4)
+    rows = metrics_of(tmp_path / "run")
+    assert [row["async_rl/staleness_max"] for row in rows] == [0.0, 1.0, 2.0, 3.0, 4.0, 4.0]
+    assert all("rollout_correction/weight_mean" in row for row in rows)
+
+
 def _rank_pids(rank: int) -> list[int]:
     """The processes torchrun started as global rank ``rank`` (their environment says so)."""
     found = []

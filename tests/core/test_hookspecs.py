@@ -77,6 +77,9 @@ def test_hook_specs_are_the_design_table() -> None:
         # left out of checkpoints, initialised after a model.path load, merged into exports,
         # written at the run's end (graft-lora, #39)
         "graft_ckpt_save", "graft_weights_loaded", "graft_export_entries", "graft_train_end",
+        # added so graft export writes a plugin's own format of a checkpoint (graft-lora's
+        # PEFT adapter directory, #39)
+        "graft_export_formats",
     }
 
 

@@ -19,7 +19,7 @@ from graft.testing import check_installed_plugin
 from graft_lora import LoraConfig, write_adapter
 from graft_lora.apply import adapter_parameters, apply_lora, merged_entries
 
-RUN = ["features.lora.enabled=true", "features.lora.rank=4", "export.hf_at_end=false"]
+RUN = ["features.lora.enabled=true", "features.lora.rank=4"]
 TIMINGS = ("time", "_s", "per_s", "peak_memory", "compile_cache", "tok")
 
 
@@ -104,8 +104,26 @@ def _checkpoint_keys(step_dir: Path) -> set[str]:
     return set(FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata)
 
 
+def _exports_rebuild_the_run(run_graft, tmp_path: Path) -> None:
+    """`graft export` of the last adapter-only checkpoint (the base rebuilt from the seed)
+    writes what the run's end wrote: the merged model, and with --format adapter the adapter."""
+    from safetensors.torch import load_file
+
+    step = tmp_path / "run" / "checkpoints" / "step_4"
+    for fmt, out, ours, weights in (("hf", "merged", "hf", "model.safetensors"),
+                                    ("adapter", "adapter", "adapter",
+                                     "adapter_model.safetensors")):
+        result = run_graft(["export", "--ckpt", str(step), "--out", str(tmp_path / out),
+                            "--format", fmt])
+        assert result.returncode == 0, result.stderr[-3000:]
+        exported = load_file(tmp_path / out / weights)
+        written = load_file(tmp_path / "run" / ours / weights)
+        assert exported.keys() == written.keys()
+        assert all(torch.equal(exported[k], written[k]) for k in written), fmt
+
+
 def test_a_run_checkpoints_only_the_adapters_and_resumes_bit_exactly(
-        graft_train, metrics_of, tmp_path: Path) -> None:
+        graft_train, run_graft, metrics_of, tmp_path: Path) -> None:
     steps = ["trainer.total_steps=4", "checkpoint.every_steps=2"]
     graft_train(tmp_path / "run", *RUN, *steps)
     keys = _checkpoint_keys(tmp_path / "run" / "checkpoints" / "step_2")
@@ -121,6 +139,7 @@ def test_a_run_checkpoints_only_the_adapters_and_resumes_bit_exactly(
     assert (adapter["r"], adapter["base_model_name_or_path"]) == (4, "tiny-qwen3-moe")
 
     shutil.copytree(tmp_path / "run", tmp_path / "resumed")
+    _exports_rebuild_the_run(run_graft, tmp_path)
     graft_train(tmp_path / "resumed", *RUN, *steps,
                 f"checkpoint.resume={tmp_path / 'resumed' / 'checkpoints' / 'step_2'}")
     resumed = metrics_of(tmp_path / "resumed")
@@ -181,3 +200,42 @@ def test_the_default_task_learns_with_adapters_on_the_head(graft_train, metrics_
                 "checkpoint.save_at_end=false", "export.hf_at_end=false")
     rewards = [row["reward_mean"] for row in metrics_of(tmp_path / "run")]
     assert sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5 >= 0.5, rewards
+
+
+def test_a_bf16_run_keeps_the_frozen_base_in_bf16_and_computes_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import graft_lora.apply
+    from graft.training.trainer import Trainer
+
+    def train(run_dir: Path) -> tuple[Trainer, list[dict]]:
+        trainer = Trainer(compose([f"trainer.run_dir={run_dir}", "trainer.total_steps=2",
+                                   "model.preset=tiny-llama", "engine.device=cpu",
+                                   "engine.mixed_precision=bf16", "checkpoint.every_steps=0",
+                                   "checkpoint.save_at_end=false", *RUN]))
+        return trainer, trainer.fit()
+
+    trainer, rows = train(tmp_path / "bf16")
+    dtypes = {p.requires_grad: p.dtype for p in trainer.engine.model.parameters()}
+    assert dtypes == {False: torch.bfloat16, True: torch.float32}
+    monkeypatch.setattr(graft_lora.apply, "store_frozen_in", lambda model, dtype: None)
+    kept, kept_rows = train(tmp_path / "fp32")
+    assert {p.dtype for p in kept.engine.model.parameters()} == {torch.float32}
+    # FSDP2 computes in bf16 either way: the same forward, hence the same run
+    assert [deterministic(r) for r in rows] == [deterministic(r) for r in kept_rows]
+
+
+@pytest.mark.vllm
+def test_vllm_gets_the_merged_weights_and_its_log_probs_stay_the_trainer_s(
+        graft_train, metrics_of, tmp_path: Path, requires_vllm: None) -> None:
+    # vLLM receives full merged weights (W + scale * B @ A) after every update, as a full
+    # fine-tuning run sends its weights: its log-probs follow the adapters as closely
+    small = ("rollout.engine=vllm", "trainer.total_steps=3", "rollout.prompts_per_step=4",
+             "rollout.n=4", "optim.lr=0.01", "checkpoint.every_steps=0",
+             "checkpoint.save_at_end=false", "export.hf_at_end=false")
+    graft_train(tmp_path / "full", *small)
+    graft_train(tmp_path / "lora", *small, "features.lora.enabled=true")
+    full, lora = metrics_of(tmp_path / "full"), metrics_of(tmp_path / "lora")
+    assert all(r["weight_sync_mb"] > 0 for r in lora)
+    assert any(r["grad_norm"] > 0 for r in lora[:-1])  # the adapters moved; vLLM followed
+    assert max(r["train_infer_logprob_diff"] for r in lora) < 1e-4
+    assert max(r["train_infer_logprob_diff"] for r in full) < 1e-4

@@ -25,7 +25,7 @@ def test_the_installed_plugin_passes_graft_testing() -> None:
         "graft_config_sections", "graft_episode_runner"}
     assert check_config_section("multiturn", MultiturnConfig) == {
         "environment": "none", "max_turns": 4, "max_episode_tokens": 256, "env_timeout_s": 10.0,
-        "max_failed_env_steps": 3}
+        "max_failed_env_steps": 3, "on_prefix_break": "keep"}
 
 
 @pytest.mark.parametrize("old, value, default", OLD_KEYS)

@@ -216,6 +216,22 @@ def graft_rollout_engines() -> dict[str, Any]:
 
 
 @hookspec
+def graft_export_formats() -> dict[str, Any]:
+    """Declare checkpoint export formats, selectable with ``graft export --format <name>``.
+
+    When: once per ``graft export`` command, before anything is read. Who: plugins whose
+    trained parameters have a format of their own (graft-lora: ``adapter``, a PEFT adapter
+    directory); one process (rank 0 of its own one-rank group).
+
+    Return ``{name: writer}``; ``writer(*, model, out_dir, cfg)`` writes ``out_dir`` (a new or
+    empty folder, already checked) from ``model``, the run's model rebuilt in this process with
+    the checkpoint's weights (``cfg``: the checkpoint's root config). The core's ``hf`` is the
+    Hugging Face directory; two providers of one name is an error. Must not mutate anything.
+    Not ``firstresult``.
+    """
+
+
+@hookspec
 def graft_environments() -> dict[str, Any]:
     """Declare multi-turn tool environments; graft-multiturn consumes this registry (selected
     with ``features.multiturn.environment=<name>``, run by its ``graft_episode_runner``); every

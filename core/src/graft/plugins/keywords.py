@@ -56,6 +56,7 @@ REGISTRY_CALLS: dict[str, RegistryCall] = {
                                           ("cfg", "engine", "env", "run_dir", "tokenizer")),
     "graft_trainer_modes": RegistryCall("trainer mode", ("cfg", "tokenizer", "env")),
     "graft_environments": RegistryCall("environment", ("cfg", "tokenizer")),
+    "graft_export_formats": RegistryCall("export format", ("model", "out_dir", "cfg")),
     "graft_model_families": RegistryCall(
         "model family", ("model", "family", "cfg", "mesh", "device", "role", "meshes"),
         attribute="parallelize"),

@@ -47,6 +47,11 @@ class RolloutSample:
         loss_mask: which response tokens the loss covers (``len(response_ids)``, 1.0 or 0.0):
             a multi-turn episode's model tokens (graft-multiturn's episodes), not the
             environment's; None: every response token (a single-turn response).
+        turns: the response in runs as the model saw them, ``[(role, token count), ...]``
+            summing to ``len(response_ids)`` (an episode's ``assistant`` turns and its
+            ``tool``/``user`` observations, as graft-multiturn records them); only
+            ``samples.jsonl`` reads it (`graft.training.samples.shown_to_model`). None: runs of
+            the ``loss_mask``.
     """
 
     prompt_ids: list[int]
@@ -55,6 +60,7 @@ class RolloutSample:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     engine_extras: dict[str, Any] = field(default_factory=dict)
     loss_mask: torch.Tensor | None = None
+    turns: list[tuple[str, int]] | None = None
 
 
 class RolloutEngine(Protocol):

@@ -7,7 +7,9 @@ environment's episode what its ``reset`` returned), the ``response`` (decoded wi
 tokens, as the reward saw it), its ``reward``, the ``ground_truth``, the ``data_source``, and the
 rewards of every response to that prompt (``group_rewards``: GRPO's group). An episode's line
 also has ``turns``: the sequence after the prompt as the model saw it, in pieces
-(``{"source": "model" | "environment", "text": ...}``, special tokens kept). With
+(``{"source": "model" | "environment", "text": ...}``, special tokens kept; with the ``role``
+of each piece, such as ``assistant`` or ``tool``, where the sample records its
+`graft.rollout.RolloutSample.turns`). With
 ``trainer.log_sample_responses=all`` every response of a logged prompt has its own line, with
 its place in the group (``response_index``, matching ``group_rewards``). Rank 0 writes its own
 share of the prompts.
@@ -39,12 +41,22 @@ class Shown:
 def shown_to_model(sample: Any, tokenizer: Any) -> Shown:
     """What the model saw of one `graft.rollout.RolloutSample`: its prompt ids decoded with
     special tokens kept; for an episode (a sample with a ``loss_mask``) also its response in
-    runs of the model's tokens (mask 1) and the environment's (mask 0)."""
+    runs of the model's tokens (mask 1) and the environment's (mask 0), or in the runs its
+    ``turns`` give (each with its ``role``)."""
     prompt = tokenizer.decode(list(sample.prompt_ids), skip_special_tokens=False)
     if sample.loss_mask is None:
         return Shown(prompt)
     turns: list[dict[str, str]] = []
     ids, mask = list(sample.response_ids), [float(m) for m in sample.loss_mask]
+    runs = getattr(sample, "turns", None)
+    if runs is not None and sum(count for _, count in runs) == len(ids):
+        start = 0
+        for role, count in runs:
+            turns.append({"source": "model" if mask[start] else "environment", "role": role,
+                          "text": tokenizer.decode(ids[start:start + count],
+                                                   skip_special_tokens=False)})
+            start += count
+        return Shown(prompt, turns)
     start = 0
     for end in range(1, len(ids) + 1):
         if end == len(ids) or mask[end] != mask[start]:

@@ -17,8 +17,9 @@ def graft_config_sections() -> list[tuple[str, type]]:
 
 @hookimpl
 def graft_environments() -> dict[str, Any]:
-    """``calculator``: ``<calc>expr</calc>`` answered by ``<result>value</result>``
-    (`graft_calculator.environment.CalculatorEnvironment`)."""
+    """``calculator``: the ``calculator`` tool in the chat template's format
+    (`graft_calculator.environment.CalculatorTools`), or ``<calc>expr</calc>`` answered by
+    ``<result>value</result>`` (``features.calculator.format=calc``)."""
     from graft_calculator.environment import calculator_factory
 
     return {"calculator": calculator_factory}

@@ -1,8 +1,8 @@
 """The ``calculator`` reward: 1.0 when an episode's final answer equals the problem's.
 
 The final answer is the last number the model wrote after the tool's last result (the
-environment's ``<result>`` text is not the model's answer), or in the whole response when it
-called no tool.
+environment's ``<result>`` or ``<tool_response>`` text is not the model's answer), or in the
+whole response when it called no tool.
 """
 
 from __future__ import annotations
@@ -12,12 +12,15 @@ from fractions import Fraction
 from typing import Any
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-RESULT_END = "</result>"
+RESULT_ENDS = ("</result>", "</tool_response>")  # the calc format's, Hermes templates'
 
 
 def final_answer(response: str) -> str | None:
-    """The last number after the last ``</result>`` (or anywhere without one), or None."""
-    tail = response.rsplit(RESULT_END, 1)[-1]
+    """The last number after the last ``</result>`` or ``</tool_response>`` (anywhere without
+    one), or None."""
+    tail = response
+    for end in RESULT_ENDS:
+        tail = tail.rsplit(end, 1)[-1]
     numbers = NUMBER.findall(tail)
     return numbers[-1] if numbers else None
 

@@ -62,6 +62,15 @@ def apply_lora(model: nn.Module, section: LoraConfig, *, seed: int) -> int:
     return adapted
 
 
+def store_frozen_in(model: nn.Module, dtype: torch.dtype | None) -> None:
+    """Keep ``model``'s frozen floating-point parameters in ``dtype`` (None: as they are)."""
+    if dtype is None:
+        return
+    for param in model.parameters():
+        if not param.requires_grad and param.is_floating_point():
+            param.data = param.data.to(dtype)
+
+
 def adapter_parameters(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
     """Every adapter parameter of ``model`` with its state-dict name."""
     for module_name, module in model.named_modules():

@@ -27,3 +27,9 @@ class MultiturnConfig:
     # every episode ended in an environment error (each such step is a warning;
     # rollout/env_error_fraction is the share per step).
     max_failed_env_steps: int = bounded(3, ge=0, note="0: never stop")
+    # An episode whose reset returns chat messages is built on the chat template: after each
+    # observation the template's rendering of the whole conversation must start with the ids
+    # so far. Where it does not (a thinking template that drops earlier <think> blocks;
+    # multiturn/prefix_breaks per episode): keep = keep the history as the model saw it;
+    # resegment = re-render it and go on from there, its tokens so far not trained.
+    on_prefix_break: str = choice("keep", ("keep", "resegment"))

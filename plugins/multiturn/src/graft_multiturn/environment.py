@@ -30,10 +30,10 @@ the run. An environment raises `MalformedAction` when the model's action cannot 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, Union, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 # token ids | text | chat messages (see the module docstring)
-Observation = Union[list[int], str, list[dict[str, Any]]]
+Observation = list[int] | str | list[dict[str, Any]]
 # ``factory(*, cfg, tokenizer)`` (any subset) -> a fresh `Environment` for one episode
 EnvironmentFactory = Callable[..., "Environment"]
 

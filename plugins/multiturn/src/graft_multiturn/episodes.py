@@ -31,8 +31,16 @@ import torch
 from graft.errors import PluginError
 from graft.plugins import call_with_keywords
 from graft.rollout import RolloutEngine, RolloutSample, SamplingSpec
+from graft_multiturn.chat import (
+    Appended,
+    ChatTemplate,
+    ChatTrajectory,
+    TemplateError,
+    is_messages,
+)
 from graft_multiturn.env_calls import EnvFailure, call_all, checked_step
 from graft_multiturn.observations import MalformedObservation, observation_ids
+from graft_multiturn.tools import resolve_tool_format, turn_text
 
 if TYPE_CHECKING:
     from graft.config import GraftConfig
@@ -67,6 +75,37 @@ class Episode:
     tool_calls: int = 0
     done: bool = False
     failure: EnvFailure | None = None
+    # on a chat template (reset returned messages): the conversation and its checks
+    chat: ChatTrajectory | None = None
+    last_turn: list[int] = field(default_factory=list)  # the model's last turn, as generated
+    # runs of the response as the model saw it: [role, token count] ("assistant": the model's)
+    roles: list[list[Any]] = field(default_factory=list)
+
+    def append(self, ids: list[int], role: str, logprobs: torch.Tensor | None = None) -> None:
+        """Append ``ids``: the model's (``role`` assistant, with their log-probs; mask 1) or
+        anything else (mask 0, log-prob 0)."""
+        if not ids:
+            return
+        model = role == "assistant"
+        self.response += ids
+        self.model_mask += [1.0 if model else 0.0] * len(ids)
+        self.logprobs.append(logprobs if model and logprobs is not None
+                             else torch.zeros(len(ids)))
+        if self.roles and self.roles[-1][0] == role:
+            self.roles[-1][1] += len(ids)
+        else:
+            self.roles.append([role, len(ids)])
+
+    def restart(self, sequence: list[int]) -> None:
+        """A new segment (``on_prefix_break=resegment``): ``sequence`` (prompt and response,
+        the template's rendering of the conversation) replaces the episode's, none of it
+        trained."""
+        if sequence[:len(self.prompt)] != self.prompt:
+            self.prompt, sequence = list(sequence), []
+        else:
+            sequence = sequence[len(self.prompt):]
+        self.response, self.model_mask, self.logprobs, self.roles = [], [], [], []
+        self.append(sequence, "history")
 
     def end(self, failure: EnvFailure | None = None) -> None:
         """Stop the episode (with the reason when an environment call failed)."""
@@ -122,7 +161,8 @@ class EpisodeRunner:
 
     def __init__(self, factory: Any, *, tokenizer: Any, limits: EpisodeLimits,
                  cfg: GraftConfig | None = None, active_episodes: Any = None,
-                 sum_over_ranks: Any = None, ranks: int = 1) -> None:
+                 sum_over_ranks: Any = None, ranks: int = 1,
+                 on_prefix_break: str | None = None) -> None:
         self.make = lambda: call_with_keywords(factory, cfg=cfg, tokenizer=tokenizer)
         self.cfg = cfg
         self.tokenizer = tokenizer
@@ -138,6 +178,10 @@ class EpisodeRunner:
         # training steps in a row whose every episode ended in an environment error
         self.failed_steps = 0
         self.first_error = ""  # the first environment error of the last run on this rank
+        # features.multiturn.on_prefix_break (chat episodes whose template does not append)
+        self.on_prefix_break = on_prefix_break or getattr(_section(cfg), "on_prefix_break",
+                                                          "keep")
+        self._plain_template: ChatTemplate | None = None
 
     def run(self, engine: RolloutEngine, samples: Sequence[Any], prompts: Sequence[list[int]],
             spec: SamplingSpec) -> EpisodeBatch:
@@ -170,6 +214,15 @@ class EpisodeRunner:
             episode = Episode(env, sample, list(prompt))
             if isinstance(value, EnvFailure):
                 episode.end(value)
+            elif is_messages(value):
+                try:
+                    template = ChatTemplate(self.tokenizer, _tool_schemas(env))
+                    episode.chat = ChatTrajectory(template, value,
+                                                  on_prefix_break=self.on_prefix_break)
+                    episode.prompt = episode.chat.prompt_ids
+                except TemplateError as exc:
+                    episode.end(EnvFailure("error", f"reset returned a prompt the chat "
+                                                    f"template cannot render: {exc}"))
             elif value is not None:
                 try:
                     episode.prompt = observation_ids(value, self.tokenizer) or list(prompt)
@@ -189,10 +242,9 @@ class EpisodeRunner:
         actions = []
         for episode, sample, budget in zip(active, generated, budgets, strict=False):
             ids = self._cut(episode.env, list(sample.response_ids[:budget]))
-            episode.response += ids
-            episode.model_mask += [1.0] * len(ids)
-            episode.logprobs.append(sample.logprobs[:len(ids)].float()
-                                    if sample.logprobs is not None else torch.zeros(len(ids)))
+            episode.append(ids, "assistant", sample.logprobs[:len(ids)].float()
+                           if sample.logprobs is not None else torch.zeros(len(ids)))
+            episode.last_turn = ids
             episode.turns += 1
             actions.append((ids, self.tokenizer.decode(ids, skip_special_tokens=True)))
         started = time.perf_counter()
@@ -228,26 +280,61 @@ class EpisodeRunner:
         if reward is not None:
             episode.rewards.append(reward)
         episode.final_reward_given = done and reward is not None
-        try:
-            ids = observation_ids(observation, self.tokenizer)
-        except MalformedObservation as exc:
-            return episode.end(EnvFailure("error", f"step returned a malformed observation: "
-                                                   f"{exc}"))
         limit = self.limits.max_episode_tokens
         if done or episode.turns >= self.limits.max_turns or len(episode.response) >= limit:
             return episode.end()
-        if ids:
-            if len(episode.response) + len(ids) >= limit:  # no room left for a model turn
+        try:
+            appended = self._observation(episode, observation)
+        except (MalformedObservation, TemplateError) as exc:
+            return episode.end(EnvFailure("error", f"step returned a malformed observation: "
+                                                   f"{exc}"))
+        if appended.resegment:
+            episode.restart(appended.ids)
+        elif appended.ids:
+            if len(episode.response) + len(appended.ids) >= limit:  # no room for a model turn
                 return episode.end()
-            episode.response += ids
-            episode.model_mask += [0.0] * len(ids)
-            episode.logprobs.append(torch.zeros(len(ids)))
+            episode.append(appended.ids, _role(observation))
+        if appended.ids:
             episode.tool_calls += 1
+        if len(episode.response) >= limit:
+            episode.end()
+
+    def _observation(self, episode: Episode, observation: Any) -> Appended:
+        """What the environment's answer appends (`graft_multiturn.chat`): messages through
+        the template (checked against the conversation on a chat episode), else the
+        observation's ids as they are."""
+        if not is_messages(observation):
+            ids = observation_ids(observation, self.tokenizer)
+            if ids and episode.chat is not None:
+                episode.chat.untracked()
+            return Appended(ids)
+        if episode.chat is None:  # messages after a prompt that was not: closed, rendered
+            template = self._template()
+            return Appended(template.close(episode.last_turn)
+                            + template.observation_ids(observation))
+        return episode.chat.observe(episode.prompt + episode.response, episode.last_turn,
+                                    self._assistant(episode), observation)
+
+    def _assistant(self, episode: Episode) -> dict[str, Any]:
+        """The model's last turn as a message, as its environment's ``tool_format`` reads
+        it (content only without one)."""
+        text = turn_text(episode.last_turn, self.tokenizer)
+        format_ = getattr(episode.env, "tool_format", None)
+        if format_ is None:
+            return {"role": "assistant", "content": text}
+        format_ = resolve_tool_format(format_, self.tokenizer)
+        return format_.message(format_.parse(text))
+
+    def _template(self) -> ChatTemplate:
+        if self._plain_template is None:
+            self._plain_template = ChatTemplate(self.tokenizer)
+        return self._plain_template
 
     def _sample(self, episode: Episode) -> RolloutSample:
         logprobs = torch.cat(episode.logprobs) if episode.logprobs else torch.zeros(0)
         return RolloutSample(episode.prompt, episode.response, logprobs,
-                             loss_mask=torch.tensor(episode.model_mask, dtype=torch.float32))
+                             loss_mask=torch.tensor(episode.model_mask, dtype=torch.float32),
+                             turns=[(role, count) for role, count in episode.roles])
 
     def _report(self, episodes: list[Episode]) -> None:
         """Log the failed episodes: `SHOWN_FAILURES` one line each (with the traceback under
@@ -305,16 +392,36 @@ class EpisodeRunner:
         totals = self.sum_over_ranks(torch.tensor(
             [float(len(episodes)), float(sum(e.turns for e in episodes)),
              float(sum(e.tool_calls for e in episodes)), float(failures.count("error")),
-             float(failures.count("malformed_action")), self.env_s], dtype=torch.float64))
-        count, turns, calls, errors, malformed, env_s = (float(v) for v in totals)
+             float(failures.count("malformed_action")), self.env_s,
+             float(sum(e.chat.breaks for e in episodes if e.chat is not None))],
+            dtype=torch.float64))
+        count, turns, calls, errors, malformed, env_s, breaks = (float(v) for v in totals)
         return {"rollout/turns_mean": turns / max(count, 1.0),
                 "rollout/tool_calls_mean": calls / max(count, 1.0),
                 "rollout/env_errors": errors, "rollout/malformed_actions": malformed,
                 "rollout/env_error_fraction": errors / max(count, 1.0),
-                "rollout/env_s": env_s / self.ranks}
+                "rollout/env_s": env_s / self.ranks,
+                "multiturn/prefix_breaks": breaks / max(count, 1.0)}
 
 
 KIND_NAMES = {"error": "environment errors", "malformed_action": "malformed actions"}
+
+
+def _tool_schemas(env: Any) -> list[dict[str, Any]] | None:
+    """The environment's ``tools`` attribute as the chat template's ``tools`` (schemas, or
+    `graft_multiturn.tools.Tool` objects), or None."""
+    tools = getattr(env, "tools", None)
+    if not tools:
+        return None
+    return [dict(getattr(t, "schema", t)) for t in tools]
+
+
+def _role(observation: Any) -> str:
+    """The role an observation shows with in ``samples.jsonl``: its messages' (``tool``,
+    ``user``), or ``environment`` for text and ids."""
+    if is_messages(observation):
+        return str(observation[0].get("role", "environment"))
+    return "environment"
 
 
 def _section(cfg: GraftConfig | None) -> Any:

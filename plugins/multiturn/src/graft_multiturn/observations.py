@@ -42,11 +42,12 @@ def _is_id(token: Any) -> bool:
 
 
 def _template_ids(messages: list[Mapping[str, Any]], tokenizer: Any) -> list[int]:
-    """Messages rendered on their own by the chat template, ending with the next assistant
+    """Messages rendered by the chat template as it renders them after an assistant turn
+    (`graft_multiturn.chat.ChatTemplate.observation_ids`), ending with the next assistant
     turn's header."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise MalformedObservation("chat messages as an observation need a tokenizer with a "
-                                   "chat template; return text or token ids instead")
-    rendered = tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True,
-                                             tokenize=True, return_dict=True)
-    return [int(t) for t in rendered["input_ids"]]
+    from graft_multiturn.chat import ChatTemplate, TemplateError
+
+    try:
+        return ChatTemplate(tokenizer).observation_ids(messages)
+    except TemplateError as exc:
+        raise MalformedObservation(str(exc)) from exc

@@ -1,0 +1,106 @@
+"""Tools as typed functions, and the tool-call formats (no model)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import pytest
+from graft_multiturn import MalformedAction
+from graft_multiturn.tools import (
+    TOOL_FORMATS,
+    ParsedTurn,
+    Tool,
+    ToolCall,
+    register_tool_format,
+    resolve_tool_format,
+    tool,
+)
+
+
+@tool
+def search(query: Annotated[str, "what to look for"], limit: int = 3,
+           order: Literal["new", "old"] = "new", tags: list[str] | None = None) -> list[str]:
+    """Search the notes.
+
+    Longer text that is not the description."""
+    return [query] * limit
+
+
+def test_a_schema_comes_from_the_signature_and_the_docstring() -> None:
+    assert search.schema == {"type": "function", "function": {
+        "name": "search", "description": "Search the notes.",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string", "description": "what to look for"},
+            "limit": {"type": "integer"}, "order": {"type": "string", "enum": ["new", "old"]},
+            "tags": {"type": "array", "items": {"type": "string"}}},
+            "required": ["query"]}}}
+    declared = {"type": "function", "function": {"name": "q", "parameters": {}}}
+    assert Tool(lambda: "x", schema=declared).name == "q"
+    with pytest.raises(TypeError, match="no type annotation"):
+        Tool(lambda x: x)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({}, r"missing \['query'\]"), ({"query": "a", "page": 2}, r"unknown \['page'\]"),
+    ({"query": 3}, "query=3 is not string"), ({"query": "a", "limit": True}, "not integer"),
+    ({"query": "a", "order": "any"}, "order='any'"), ("a", "not an object")])
+def test_arguments_that_do_not_fit_are_a_malformed_action(arguments, message: str) -> None:
+    with pytest.raises(MalformedAction, match=message):
+        search.call(arguments)
+    assert search.call({"query": "a", "limit": 2}) == '["a", "a"]'
+
+
+def test_hermes_reads_calls_thinking_and_content() -> None:
+    hermes = TOOL_FORMATS["hermes"]
+    turn = hermes.parse('<think>hm</think>Let me look.<tool_call>{"name": "search", "arguments": '
+                        '{"query": "x"}}</tool_call><tool_call>{"name": "f", "arguments": '
+                        '"{\\"a\\": 1}"}</tool_call>')
+    assert turn == ParsedTurn("Let me look.", "hm", [ToolCall("search", {"query": "x"}),
+                                                      ToolCall("f", {"a": 1})])
+    assert hermes.message(turn)["tool_calls"][0] == {
+        "type": "function", "function": {"name": "search", "arguments": {"query": "x"}}}
+    assert hermes.parse("<tool_call>{oops}</tool_call>").errors
+    assert "not closed" in hermes.parse('<tool_call>{"name": "f"').errors[0]
+    assert hermes.parse("just 42") == ParsedTurn("just 42")
+
+
+def test_harmony_and_llama3() -> None:
+    harmony = TOOL_FORMATS["harmony"]
+    turn = harmony.parse("<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>"
+                         "commentary to=functions.search <|constrain|>json<|message|>"
+                         '{"query": "x"}')
+    assert turn == ParsedTurn("", "hm", [ToolCall("search", {"query": "x"})])
+    assert harmony.parse("<|channel|>final<|message|>42").content == "42"
+    llama3 = TOOL_FORMATS["llama3"]
+    assert llama3.parse('<|python_tag|>{"name": "search", "parameters": {"query": "x"}}') == \
+        ParsedTurn("", calls=[ToolCall("search", {"query": "x"})])
+    assert llama3.parse("It is 42.") == ParsedTurn("It is 42.")
+    assert llama3.parse('{"name": ').errors
+
+
+def test_a_plugin_registers_its_own_format_and_auto_finds_it() -> None:
+    class Bracket:
+        name, call_end = "bracket", "]]"
+
+        def detect(self, template: str) -> bool:
+            return "[[call" in template
+
+        def parse(self, text: str) -> ParsedTurn:
+            return ParsedTurn(text)
+
+        def message(self, turn: ParsedTurn) -> dict:
+            return {"role": "assistant", "content": turn.content}
+
+    class Tokenizer:
+        chat_template = "{{ '[[call' }}"
+
+    format_ = register_tool_format(Bracket())
+    try:
+        assert resolve_tool_format("auto", Tokenizer()) is format_
+        assert resolve_tool_format("bracket") is format_
+    finally:
+        del TOOL_FORMATS["bracket"]
+    with pytest.raises(ValueError, match="no tool-call format 'bracket'; known: auto, hermes"):
+        resolve_tool_format("bracket")
+    with pytest.raises(ValueError, match="found no tool-call format"):
+        resolve_tool_format("auto", Tokenizer())
