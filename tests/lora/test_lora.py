@@ -45,7 +45,8 @@ def tokens() -> torch.Tensor:
 def test_the_plugin_conforms() -> None:
     assert check_installed_plugin("lora") == [
         "graft_ckpt_load", "graft_ckpt_save", "graft_config_rules", "graft_config_sections",
-        "graft_export_entries", "graft_pre_shard", "graft_train_end", "graft_weights_loaded"]
+        "graft_export_entries", "graft_export_formats", "graft_pre_shard", "graft_train_end",
+        "graft_weights_loaded"]
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3-moe"])
@@ -239,3 +240,20 @@ def test_vllm_gets_the_merged_weights_and_its_log_probs_stay_the_trainer_s(
     assert any(r["grad_norm"] > 0 for r in lora[:-1])  # the adapters moved; vLLM followed
     assert max(r["train_infer_logprob_diff"] for r in lora) < 1e-4
     assert max(r["train_infer_logprob_diff"] for r in full) < 1e-4
+
+
+@pytest.mark.parametrize("feature", [
+    ("features.router_replay.mode=R3", "algorithm.mini_batches=2",
+     "engine.max_tokens_per_micro_batch=96"),
+    ("features.offload.enabled=true", "engine.activation_checkpointing=true")],
+    ids=["router-replay-R3", "offload"])
+def test_adapters_train_beside_another_plugin(graft_train, metrics_of, tmp_path: Path,
+                                              feature: tuple[str, ...]) -> None:
+    graft_train(tmp_path, *RUN, *feature, "trainer.total_steps=2", "rollout.prompts_per_step=4",
+                "rollout.n=4", "checkpoint.every_steps=0", "checkpoint.save_at_end=false",
+                "export.hf_at_end=false")
+    rows = metrics_of(tmp_path)
+    assert len(rows) == 2 and all(row["grad_norm"] > 0 for row in rows)
+    if "R3" in feature[0]:  # the replayed routes reach the adapted experts
+        assert all(row["router_replay/fallback_rows"] > 0 for row in rows)
+        assert max(row["train_infer_logprob_diff"] for row in rows) < 1e-4

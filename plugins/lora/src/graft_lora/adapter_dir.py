@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from graft.errors import ConfigError
 from graft_lora.apply import clean_name
-from graft_lora.config import LoraConfig
+from graft_lora.config import LoraConfig, lora_section
 from graft_lora.layers import ExpertsAdapter, is_adapted
 
 PREFIX = "base_model.model."
@@ -85,3 +86,12 @@ def write_adapter(model: nn.Module, out_dir: Path, section: LoraConfig, *, base:
     config = peft_config(model, section, base=base)
     save_file(tensors, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
     (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def write_adapter_format(*, model: nn.Module, out_dir: Path, cfg: Any) -> None:
+    """``graft export --format adapter`` (``graft_export_formats``): ``model``, the run rebuilt
+    with the checkpoint's adapters, as a PEFT adapter directory in ``out_dir``."""
+    if not any(is_adapted(module) for module in model.modules()):
+        raise ConfigError("graft export --format adapter: this checkpoint's run has no adapters "
+                          "(features.lora.enabled was false); export it as hf")
+    write_adapter(model, out_dir, lora_section(cfg), base=cfg.model.path or cfg.model.preset)

@@ -35,21 +35,11 @@ def graft_pre_shard(model: Any, cfg: Any, role: str) -> None:
     forward, since FSDP2 casts it to that dtype anyway); the adapters keep fp32 masters."""
     if role != "policy" or not lora_enabled(cfg):
         return
-    from graft_lora.apply import apply_lora, store_frozen_in
+    from graft_lora.apply import apply_lora, compute_dtype, store_frozen_in
 
     apply_lora(model, lora_section(cfg), seed=cfg.trainer.seed)
-    store_frozen_in(model, compute_dtype(cfg, model))
+    store_frozen_in(model, compute_dtype(cfg.engine.mixed_precision, model))
     _ADAPTED.add(model)
-
-
-def compute_dtype(cfg: Any, model: Any) -> Any:
-    """The dtype the trained model computes in (``engine.mixed_precision``: bf16, or ``auto`` on
-    CUDA), or None for fp32."""
-    import torch
-
-    device = next(model.parameters()).device
-    mode = cfg.engine.mixed_precision
-    return torch.bfloat16 if mode == "bf16" or (mode == "auto" and device.type == "cuda") else None
 
 
 @hookimpl
@@ -100,15 +90,11 @@ def graft_export_formats() -> dict[str, Any]:
 
 
 def write_adapter_format(*, model: Any, out_dir: Any, cfg: Any) -> None:
-    """The ``adapter`` format's writer: ``model`` (the run rebuilt with the checkpoint's
-    adapters) as a PEFT adapter directory in ``out_dir``."""
-    from graft.errors import ConfigError
-    from graft_lora.adapter_dir import write_adapter
+    """The ``adapter`` format (`graft_lora.adapter_dir.write_adapter_format`), imported when an
+    export runs: every command registers the plugin's formats, and they must not import torch."""
+    from graft_lora.adapter_dir import write_adapter_format as write
 
-    if model not in _ADAPTED:
-        raise ConfigError("graft export --format adapter: this checkpoint's run has no adapters "
-                          "(features.lora.enabled was false); export it as hf")
-    write_adapter(model, out_dir, lora_section(cfg), base=cfg.model.path or cfg.model.preset)
+    write(model=model, out_dir=out_dir, cfg=cfg)
 
 
 @hookimpl

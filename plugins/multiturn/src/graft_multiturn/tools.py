@@ -205,8 +205,8 @@ class HermesFormat:
             return turn
         for piece in (self.OPEN + rest).split(self.OPEN)[1:]:
             payload, closed, _tail = piece.partition(self.CLOSE)
-            if not closed:
-                turn.errors.append(f"{self.OPEN}{payload[:60]} is not closed by {self.CLOSE}")
+            if not closed:  # cut before its end (max_new_tokens): text, not a call, as <calc>
+                turn.content += self.OPEN + payload
                 continue
             try:
                 turn.calls.append(_call_of(payload.strip(), "arguments"))
