@@ -257,3 +257,19 @@ def test_adapters_train_beside_another_plugin(graft_train, metrics_of, tmp_path:
     if "R3" in feature[0]:  # the replayed routes reach the adapted experts
         assert all(row["router_replay/fallback_rows"] > 0 for row in rows)
         assert max(row["train_infer_logprob_diff"] for row in rows) < 1e-4
+
+
+@pytest.mark.slow
+def test_rollout_workers_get_the_base_once_then_only_the_adapters(graft_train, metrics_of,
+                                                                  tmp_path: Path) -> None:
+    # the workers build the same adapted model and compute what the trainers compute; after
+    # the first version (sent when the workers start) only the adapters (and buffers) are sent
+    graft_train(tmp_path, *RUN, "features.async_rl.workers=1", "features.async_rl.max_staleness=1",
+                "trainer.total_steps=4", "checkpoint.every_steps=0",
+                "checkpoint.save_at_end=false", "export.hf_at_end=false", nproc=3)
+    rows = metrics_of(tmp_path)
+    sent = [row["async_rl/weight_sync_gb"] for row in rows]
+    adapters = sum(p.numel() * 4 for _, p in adapter_parameters(adapted("tiny-qwen3-moe")))
+    base = sum(p.numel() * 4 for p in tiny("tiny-qwen3-moe").parameters())
+    assert sent == [adapters / 1e9, adapters / 1e9, 0.0, 0.0] and adapters < base / 4, sent
+    assert all(row["async_rl/staleness_max"] <= 1 and row["grad_norm"] > 0 for row in rows)

@@ -53,6 +53,7 @@ class WorkerSource:
             self.sink = BroadcastSink(group, self.device, self.timeout_s)
         self.model = engine.model
         self.bucket_bytes = default_bucket_bytes(cfg.export.bucket_mb, env.device)
+        self._sent_frozen = False  # whether an export sent the parameters that do not train
         self.started = False
         self.last_step_end = time.perf_counter()
 
@@ -139,7 +140,12 @@ class WorkerSource:
         started = time.perf_counter()
         if self.sink is not None:
             self.sink.version = version
-        stream_weights(self.model, self.sink, bucket_bytes=self.bucket_bytes)
+        # parameters that do not train never change: the first export of this process sends
+        # them (the workers built them alike; a resumed run's workers get them again), later
+        # ones only what trains and the buffers
+        stream_weights(self.model, self.sink, bucket_bytes=self.bucket_bytes,
+                       frozen=not self._sent_frozen)
+        self._sent_frozen = True
         sent = self.sink.bytes if self.sink is not None else 0
         return {"weight_sync_s": time.perf_counter() - started,
                 "async_rl/weight_sync_gb": sent / 1e9}

@@ -88,17 +88,21 @@ def broadcast_object(value: Any, group: dist.ProcessGroup, device: torch.device,
 
 
 def stream_weights(model: torch.nn.Module, sink: BroadcastSink | None, *,
-                   bucket_bytes: int) -> None:
+                   bucket_bytes: int, frozen: bool = True) -> None:
     """Every tensor of the (sharded) ``model``'s state dict, whole, under its module name, to
     ``sink`` (trainer rank 0's; None on the other trainers, which help gather) in buckets of
     about ``bucket_bytes``. Called on every trainer: gathering a shard is a collective. The
     model's own names and layout, not a Hugging Face export's: the workers' copy is the same
-    module."""
+    module. ``frozen`` False leaves out the parameters that do not train (a frozen base under
+    graft-lora's adapters: only the adapters and the buffers go)."""
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
     if sink is not None:
         sink.begin()
-    for name, value in model.state_dict().items():
+    for name, value in model.state_dict(keep_vars=True).items():
+        if not frozen and isinstance(value, torch.nn.Parameter) and not value.requires_grad:
+            continue
+        value = value.detach()
         full = value.full_tensor() if hasattr(value, "full_tensor") else value
         if sink is None:
             continue

@@ -22,10 +22,6 @@ def lora_fits_the_run(cfg: Any) -> None:
                           f"W x + scale * B (A x) while the rollout decodes with the merged "
                           f"weight (W + scale * B A) x, which round differently, so the "
                           f"log-probs would not match bit for bit; set one of them to false")
-    if getattr(getattr(features, "async_rl", None), "workers", 0):
-        raise ConfigError(f"{ON} with features.async_rl.workers > 0: rollout workers receive "
-                          f"the model's own weights, not the merged ones; set "
-                          f"features.async_rl.workers=0")
     if section.experts and cfg.engine.ep_size > 1:
         raise ConfigError(f"{ON} with features.lora.experts=true and engine.ep_size > 1: expert "
                           f"adapters are not sharded over expert-parallel ranks yet; set "
