@@ -183,6 +183,17 @@ def _tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
             for c in calls]
 
 
+def _assistant_message(turn: ParsedTurn, *, reasoning_key: str) -> dict[str, Any]:
+    """The assistant message a template renders back into ``turn``'s text: its content, its
+    reasoning under the family's key, its calls as ``tool_calls``."""
+    message: dict[str, Any] = {"role": "assistant", "content": turn.content}
+    if turn.reasoning is not None:
+        message[reasoning_key] = turn.reasoning
+    if turn.calls:
+        message["tool_calls"] = _tool_calls(turn.calls)
+    return message
+
+
 class HermesFormat:
     """Hermes/Qwen: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` after the
     content, thinking in ``<think>...</think>`` (``reasoning_content``)."""
@@ -215,12 +226,7 @@ class HermesFormat:
         return turn
 
     def message(self, turn: ParsedTurn) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": turn.content}
-        if turn.reasoning is not None:
-            message["reasoning_content"] = turn.reasoning
-        if turn.calls:
-            message["tool_calls"] = _tool_calls(turn.calls)
-        return message
+        return _assistant_message(turn, reasoning_key="reasoning_content")
 
 
 class HarmonyFormat:
@@ -262,12 +268,7 @@ class HarmonyFormat:
         return turn
 
     def message(self, turn: ParsedTurn) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": turn.content}
-        if turn.reasoning is not None:
-            message["thinking"] = turn.reasoning
-        if turn.calls:
-            message["tool_calls"] = _tool_calls(turn.calls)
-        return message
+        return _assistant_message(turn, reasoning_key="thinking")
 
 
 class Llama3Format:
