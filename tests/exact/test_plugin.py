@@ -55,10 +55,11 @@ def test_the_static_decode_copy_gets_every_exact_kernel_not_only_the_attention(
     """The copy's config, copied from the policy's, already names the exact attention; its
     norms must still get the exact forward (on CUDA the one-kernel Triton norm: without it
     the rollout's log-probs differ from the trainer's on the GPU only)."""
-    from graft.config import compose
-    from graft.training.trainer import Trainer
     from graft_exact.attention import EXACT_ATTENTION
     from graft_exact.norm import _exact_norm_forward, llama_form_rms_norm
+
+    from graft.config import compose
+    from graft.training.trainer import Trainer
 
     cfg = compose([f"trainer.run_dir={tmp_path}", "trainer.total_steps=1", "engine.device=cpu",
                    "features.exact.enabled=true", "rollout.decode=static",

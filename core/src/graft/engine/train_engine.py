@@ -188,7 +188,8 @@ class TrainEngine:
             # rank runs the same FSDP2 collectives in backward (inside the plugins'
             # graft_compute: checkpointed blocks recompute as their forward ran).
             total = loss + 0.0 * logp.sum() if head_total is None else head_total
-            self._compute(BACKWARD, phase, lambda: self._backward(total, shard))
+            self._compute(BACKWARD, phase,
+                          lambda total=total, shard=shard: self._backward(total, shard))
             loss_total += loss.detach().double()
             tokens += sum(s.length for s in batch.layout.segments)
             for name, values in metrics.items():

@@ -122,7 +122,8 @@ def test_entropy_gradient_matches_float64() -> None:
                                           with_entropy=True)
     ((logp * weights[0] + entropy * weights[1]).sum()).backward()
     exact = autograd(torch.float64)
-    for chunked, fp32, reference in zip([h.grad, head.weight.grad], autograd(torch.float32), exact):
+    for chunked, fp32, reference in zip([h.grad, head.weight.grad], autograd(torch.float32), exact,
+                                         strict=True):
         fp32_error = float((fp32.double() - reference).norm() / reference.norm())
         error = float((chunked.double() - reference).norm() / reference.norm())
         assert error <= max(2 * fp32_error, 1e-6), (error, fp32_error)

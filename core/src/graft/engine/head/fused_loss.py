@@ -72,7 +72,7 @@ class _FusedHeadLoss(torch.autograd.Function):
                 logits = head(h)
             _chunk_forward(logits.detach(), labels[part], inv_temperature[part], logp[part],
                            lse[part], entropy[part] if with_entropy else None)
-            chunk_loss, grad_h = gradient(lambda: _chunk_gradients(
+            chunk_loss, grad_h = gradient(lambda part=part, logits=logits, h=h: _chunk_gradients(
                 token_loss, part, logp, lse, logits, h, labels, inv_temperature, params,
                 grad_params, wants_hidden, weight))
             total += chunk_loss
