@@ -17,32 +17,37 @@ from graft_calculator import write_problems
 STEPS = 200
 
 
+def learning_run(graft_train, metrics_of, model: Path, tmp_path: Path, *settings: str
+                 ) -> tuple[list[dict], tuple[float, float], tuple[float, float]]:
+    """``STEPS`` steps of one-digit additions with the calculator on ``model`` (a checkpoint
+    folder) and ``settings``; the rows, and the mean reward and tool calls per episode of the
+    first and the last 50 steps."""
+    data = write_problems(tmp_path / "train.jsonl", 256, seed=0, max_operand=9, operators="+")
+    graft_train(tmp_path / "run", f"model.path={model}", "data.source=file", f"data.path={data}",
+                "features.multiturn.environment=calculator", "features.multiturn.max_turns=2",
+                "rollout.max_new_tokens=6", "features.calculator.call_reward=0.2",
+                "rollout.prompts_per_step=8", "rollout.n=8", "features.reward_pool.workers=1",
+                "optim.lr=3e-3", f"trainer.total_steps={STEPS}",
+                "trainer.print_sample_every_steps=0", "checkpoint.every_steps=0",
+                "checkpoint.save_at_end=false", "export.hf_at_end=false", *settings)
+    rows = metrics_of(tmp_path / "run")
+    first, last = rows[:50], rows[-50:]
+    return (rows, (mean(r["reward_mean"] for r in first), mean(r["reward_mean"] for r in last)),
+            (mean(r["rollout/tool_calls_mean"] for r in first),
+             mean(r["rollout/tool_calls_mean"] for r in last)))
+
+
 @pytest.mark.slow  # a graft train process of 200 short steps (~55 s on 2 idle cores)
 def test_a_tiny_model_learns_to_call_the_calculator(graft_train, metrics_of, calculator_model,
                                                     tmp_path: Path) -> None:
-    model = calculator_model
-    data = write_problems(tmp_path / "train.jsonl", 256, seed=0, max_operand=9, operators="+")
-    graft_train(tmp_path / "run", f"model.path={model}", "data.source=file",
-                f"data.path={data}", "features.multiturn.environment=calculator",
-                "features.calculator.format=calc",
-                "features.multiturn.max_turns=2", "rollout.max_new_tokens=6",
-                "features.multiturn.max_episode_tokens=16",
-                "features.calculator.call_reward=0.2", "rollout.prompts_per_step=8",
-                "rollout.n=8", "features.reward_pool.workers=1", "optim.lr=3e-3",
-                f"trainer.total_steps={STEPS}", "trainer.print_sample_every_steps=0",
-                "checkpoint.every_steps=0", "checkpoint.save_at_end=false",
-                "export.hf_at_end=false")
-    rows = metrics_of(tmp_path / "run")
+    rows, reward, calls = learning_run(graft_train, metrics_of, calculator_model, tmp_path,
+                                       "features.calculator.format=calc",
+                                       "features.multiturn.max_episode_tokens=16")
     assert len(rows) == STEPS
-    first, last = rows[:50], rows[-50:]
-    reward = mean(r["reward_mean"] for r in first), mean(r["reward_mean"] for r in last)
-    calls = (mean(r["rollout/tool_calls_mean"] for r in first),
-             mean(r["rollout/tool_calls_mean"] for r in last))
     assert reward[1] > reward[0] + 0.1, reward
     assert calls[1] > 0.9 and calls[1] > calls[0] + 0.5, calls  # it learned to call the tool
     assert all(r["rollout/env_errors"] == 0 and r["rollout/turns_mean"] <= 2 for r in rows)
     assert max(r["train_infer_logprob_diff"] for r in rows) < 1e-5
-
 
 
 @pytest.mark.slow  # 200 short steps (~70 s on 2 idle cores)
@@ -51,21 +56,9 @@ def test_a_tiny_model_learns_to_call_the_calculator_in_the_hermes_format(
     """The model's own format: calls per episode 0.00 -> 1.00 (from about step 100) and the
     reward 0.03 -> 0.29 (first and last 50 steps, seed 0), the turn's ids checked against
     the template's rendering at every observation."""
-    data = write_problems(tmp_path / "train.jsonl", 256, seed=0, max_operand=9, operators="+")
-    graft_train(tmp_path / "run", f"model.path={hermes_calculator_model}", "data.source=file",
-                f"data.path={data}", "features.multiturn.environment=calculator",
-                "features.calculator.format=hermes", "features.multiturn.max_turns=2",
-                "rollout.max_new_tokens=6", "features.multiturn.max_episode_tokens=48",
-                "features.calculator.call_reward=0.2", "rollout.prompts_per_step=8",
-                "rollout.n=8", "features.reward_pool.workers=1", "optim.lr=3e-3",
-                f"trainer.total_steps={STEPS}", "trainer.print_sample_every_steps=0",
-                "checkpoint.every_steps=0", "checkpoint.save_at_end=false",
-                "export.hf_at_end=false")
-    rows = metrics_of(tmp_path / "run")
-    first, last = rows[:50], rows[-50:]
-    reward = mean(r["reward_mean"] for r in first), mean(r["reward_mean"] for r in last)
-    calls = (mean(r["rollout/tool_calls_mean"] for r in first),
-             mean(r["rollout/tool_calls_mean"] for r in last))
+    rows, reward, calls = learning_run(graft_train, metrics_of, hermes_calculator_model,
+                                       tmp_path, "features.calculator.format=hermes",
+                                       "features.multiturn.max_episode_tokens=48")
     assert calls[0] < 0.1 and calls[1] >= 0.9, calls
     assert reward[1] > reward[0] + 0.1, reward
     assert all(r["multiturn/prefix_breaks"] == 0 and r["rollout/env_errors"] == 0 for r in rows)

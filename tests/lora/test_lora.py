@@ -105,12 +105,12 @@ def _checkpoint_keys(step_dir: Path) -> set[str]:
     return set(FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata)
 
 
-def _exports_rebuild_the_run(run_graft, tmp_path: Path) -> None:
-    """`graft export` of the last adapter-only checkpoint (the base rebuilt from the seed)
-    writes what the run's end wrote: the merged model, and with --format adapter the adapter."""
+def _exports_rebuild_the_run(run_graft, run: Path, step: Path, tmp_path: Path) -> None:
+    """`graft export` of ``run``'s last adapter-only checkpoint ``step`` (the base rebuilt from
+    the seed or model.path, in one process) writes what the run's end wrote: the merged
+    model, and with --format adapter the adapter."""
     from safetensors.torch import load_file
 
-    step = tmp_path / "run" / "checkpoints" / "step_4"
     for fmt, out, ours, weights in (("hf", "merged", "hf", "model.safetensors"),
                                     ("adapter", "adapter", "adapter",
                                      "adapter_model.safetensors")):
@@ -118,7 +118,7 @@ def _exports_rebuild_the_run(run_graft, tmp_path: Path) -> None:
                             "--format", fmt])
         assert result.returncode == 0, result.stderr[-3000:]
         exported = load_file(tmp_path / out / weights)
-        written = load_file(tmp_path / "run" / ours / weights)
+        written = load_file(run / ours / weights)
         assert exported.keys() == written.keys()
         assert all(torch.equal(exported[k], written[k]) for k in written), fmt
 
@@ -138,9 +138,11 @@ def test_a_run_checkpoints_only_the_adapters_and_resumes_bit_exactly(
     assert rows[-1]["grad_norm"] > 0
     adapter = json.loads((tmp_path / "run" / "adapter" / "adapter_config.json").read_text())
     assert (adapter["r"], adapter["base_model_name_or_path"]) == (4, "tiny-qwen3-moe")
+    assert (tmp_path / "run" / "adapter" / ".graft-export.json").is_file()  # Graft's, replaced whole
 
     shutil.copytree(tmp_path / "run", tmp_path / "resumed")
-    _exports_rebuild_the_run(run_graft, tmp_path)
+    _exports_rebuild_the_run(run_graft, tmp_path / "run",
+                             tmp_path / "run" / "checkpoints" / "step_4", tmp_path)
     graft_train(tmp_path / "resumed", *RUN, *steps,
                 f"checkpoint.resume={tmp_path / 'resumed' / 'checkpoints' / 'step_2'}")
     resumed = metrics_of(tmp_path / "resumed")
@@ -148,7 +150,7 @@ def test_a_run_checkpoints_only_the_adapters_and_resumes_bit_exactly(
 
 
 @pytest.mark.slow
-def test_a_model_path_run_on_two_ranks_equals_one_rank(graft_train, metrics_of,
+def test_a_model_path_run_on_two_ranks_equals_one_rank(graft_train, run_graft, metrics_of,
                                                        tmp_path: Path) -> None:
     from tests.core.training.test_reference_metrics import save_model_dir
 
@@ -157,7 +159,11 @@ def test_a_model_path_run_on_two_ranks_equals_one_rank(graft_train, metrics_of,
              "checkpoint.save_at_end=false", f"model.path={folder}",
              "rollout.seeded_sampling=true"]
     graft_train(tmp_path / "one", *RUN, *steps)
-    graft_train(tmp_path / "two", *RUN, *steps, nproc=2)
+    graft_train(tmp_path / "two", *RUN, *steps, "checkpoint.save_at_end=true", nproc=2)
+    # its checkpoint (2 ranks, adapters only) exported in one process, the base read again
+    # from model.path: what the run's end wrote
+    _exports_rebuild_the_run(run_graft, tmp_path / "two",
+                             tmp_path / "two" / "checkpoints" / "step_3", tmp_path)
     one, two = metrics_of(tmp_path / "one"), metrics_of(tmp_path / "two")
     # the adapters the checkpoint lacks were initialised (A random, B zero), so they train
     assert all(row["grad_norm"] > 0 for row in one) and one[-1]["loss"] != one[0]["loss"]
@@ -171,6 +177,14 @@ def test_exact_rollouts_with_adapters_are_refused_with_the_reason() -> None:
                                           r"features.exact.enabled=true.*round differently"):
         compose(["features.lora.enabled=true", "features.exact.enabled=true",
                  "model.preset=tiny-llama"])
+
+
+def test_expert_parallelism_turns_the_default_expert_adapters_off() -> None:
+    ep = ["features.lora.enabled=true", "model.preset=tiny-gpt-oss", "engine.ep_size=2"]
+    assert compose(ep).features.lora.experts is False  # the user's ep_size wins over a default
+    assert compose(ep[:2]).features.lora.experts is True
+    with pytest.raises(ConfigError, match=r"experts=true and engine.ep_size > 1.*not sharded"):
+        compose([*ep, "features.lora.experts=true"])
 
 
 def test_target_modules_that_match_nothing_name_the_model_s_linear_layers() -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["CheckpointError", "ConfigError", "DataError", "GraftError", "PluginError", "did_you_mean"]
+__all__ = ["CheckpointError", "ConfigError", "DataError", "GraftError", "PluginError", "did_you_mean",
+           "few"]
 
 
 class GraftError(Exception):
@@ -41,3 +42,10 @@ def did_you_mean(name: str, candidates: Iterable[str], *, limit: int = 3) -> str
     if not matches:
         return ""
     return " Did you mean " + " or ".join(repr(m) for m in matches) + "?"
+
+
+def few(names: Iterable[str], most: int = 3) -> str:
+    """Up to ``most`` of ``names`` joined with commas, and how many more, for messages."""
+    names = list(names)
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from graft.errors import ConfigError
+from graft.errors import ConfigError, few
 
 # Written last into every folder `HFDirectorySink` writes: the files Graft put there.
 MARKER = ".graft-export.json"
@@ -59,7 +59,7 @@ def _refuse_foreign(resolved: Path, entries: set[str], where: str, hint: str | N
     foreign = sorted(entries - _marked_files(resolved))
     if not foreign:
         return
-    shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    shown = few(foreign)
     unmarked = "" if (resolved / MARKER).is_file() else (
         f"; there is no {MARKER}, which lists the files of an export by Graft")
     raise ConfigError(f"{where} already exists and holds files Graft did not write ({shown}"
@@ -123,6 +123,31 @@ def _marked_files(folder: Path) -> set[str]:
     except (OSError, ValueError, KeyError, TypeError):
         return set()
     return {f for f in files if isinstance(f, str)}
+
+
+def write_folder(target: Path, write: Callable[[Path], None], *, written_by: str,
+                 protected: Mapping[str, Path] | None = None, force: bool = False,
+                 label: str = "the output folder") -> None:
+    """``write(folder)`` into a new folder next to ``target``, marked as Graft's (`MARKER`) and
+    swapped in whole, after `check_output_dir` allowed replacing ``target`` (``protected``,
+    ``force``, ``label`` as there): a rerun replaces what Graft wrote, a folder of anyone
+    else's files is refused, and a failed ``write`` leaves ``target`` as it was."""
+    import shutil
+    import uuid
+
+    from graft.checkpoint.layout import TMP_PREFIX, replace_dir
+
+    resolved = check_output_dir(target, protected=protected, force=force, label=label)
+    resolved.parent.mkdir(parents=True, exist_ok=True)
+    tmp = resolved.with_name(f"{TMP_PREFIX}{resolved.name}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        write(tmp)
+        give_umask_modes(tmp)
+        write_marker(tmp, written_by=written_by)
+        replace_dir(tmp, resolved)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_marker(folder: Path, *, written_by: str) -> None:

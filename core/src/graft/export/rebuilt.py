@@ -35,12 +35,14 @@ def export_rebuilt(ckpt: Path, out_dir: Path, *, fmt: str, dtype_name: str,
     ``force``). Returns the count of tensors a ``hf`` export wrote (0 for other formats)."""
     import dataclasses
 
+    from graft import __version__
     from graft.checkpoint.reader import load_tensors
     from graft.config import compose
     from graft.data.tokenizer import load_tokenizer
     from graft.engine.distributed.env import init_distributed, shutdown_distributed
     from graft.engine.distributed.parallelize import build_parallel_model
     from graft.export.hf import damaged_advice, export_model_to_hf
+    from graft.output_dirs import write_folder
 
     writers = export_formats()
     if fmt != HF_FORMAT and fmt not in writers:
@@ -58,35 +60,12 @@ def export_rebuilt(ckpt: Path, out_dir: Path, *, fmt: str, dtype_name: str,
                                                                 cfg.model.path),
                                        protected=protected, label="--out", force=force)
             return stats.tensors
-        _write_whole(out_dir, lambda folder: writers[fmt](model=model, out_dir=folder, cfg=cfg),
-                     protected=protected, force=force)
+        write_folder(out_dir, lambda folder: writers[fmt](model=model, out_dir=folder, cfg=cfg),
+                     written_by=f"graft {__version__}", protected=protected, force=force,
+                     label="--out")
         return 0
     finally:
         shutdown_distributed()
-
-
-def _write_whole(out_dir: Path, write: Any, *, protected: Mapping[str, Path],
-                 force: bool) -> None:
-    """``write(folder)`` into a new folder next to ``out_dir``, marked as Graft's and swapped in
-    whole (as a Hugging Face export is), so a failed writer leaves ``out_dir`` as it was."""
-    import shutil
-    import uuid
-
-    from graft import __version__
-    from graft.checkpoint.layout import TMP_PREFIX, replace_dir
-    from graft.output_dirs import check_output_dir, give_umask_modes, write_marker
-
-    target = check_output_dir(out_dir, protected=protected, force=force, label="--out")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f"{TMP_PREFIX}{target.name}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    try:
-        write(tmp)
-        give_umask_modes(tmp)
-        write_marker(tmp, written_by=f"graft {__version__}")
-        replace_dir(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _read_model_entries(model: Any, tensors: dict[str, Any]) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from graft.errors import ConfigError, did_you_mean
+from graft.errors import ConfigError, did_you_mean, few
 from graft.models.family import ModelFamily
 from graft.models.registry import family_for, preset
 from graft.plugins import GraftPluginManager, get_plugin_manager
@@ -127,7 +127,7 @@ def load_pretrained_weights(model: torch.nn.Module, model_cfg: ModelConfig, *,
     missing, unexpected = found
     if unexpected:
         raise ConfigError(f"model.path {model_cfg.path}: the checkpoint has weights the model built "
-                          f"from its config lacks ({_few(unexpected)}); check that its "
+                          f"from its config lacks ({few(unexpected)}); check that its "
                           f"config.json matches the weights, and model.config_overrides")
     set_model_state_dict(model, full, options=StateDictOptions(
         full_state_dict=True, broadcast_from_rank0=not every_rank_reads, strict=False))
@@ -136,15 +136,10 @@ def load_pretrained_weights(model: torch.nn.Module, model_cfg: ModelConfig, *,
     unfilled = sorted(set(missing) - {name for names in filled for name in names})
     if unfilled:
         raise ConfigError(f"model.path {model_cfg.path}: the checkpoint has no weights for "
-                          f"{_few(unfilled)}, and no plugin initialises them "
+                          f"{few(unfilled)}, and no plugin initialises them "
                           f"(graft_weights_loaded); check that its config.json matches the weights, "
                           f"and model.config_overrides")
 
-
-def _few(names: Sequence[str], most: int = 3) -> str:
-    """Up to ``most`` of ``names``, and how many more."""
-    shown = ", ".join(list(names)[:most])
-    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _model_kwargs(model_cfg: ModelConfig) -> dict[str, Any]:

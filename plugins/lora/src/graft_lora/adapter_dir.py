@@ -77,15 +77,33 @@ def write_adapter(model: nn.Module, out_dir: Path, section: LoraConfig, *, base:
                   is_main: bool = True) -> None:
     """Write ``model``'s adapters to ``out_dir`` as a PEFT adapter directory (call on every
     rank of a sharded model; ``is_main`` writes)."""
+    tensors = peft_tensors(model, is_main=is_main)
+    if is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write(out_dir, tensors, model, section, base)
+
+
+def _write(folder: Path, tensors: dict[str, torch.Tensor], model: nn.Module,
+           section: LoraConfig, base: str) -> None:
     from safetensors.torch import save_file
 
-    tensors = peft_tensors(model, is_main=is_main)
-    if not is_main:
-        return
-    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     config = peft_config(model, section, base=base)
-    save_file(tensors, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def write_adapter_dir(model: nn.Module, out_dir: Path, section: LoraConfig, *, base: str,
+                      is_main: bool = True) -> None:
+    """`write_adapter` into ``out_dir`` replaced whole and marked as Graft's
+    (`graft.output_dirs.write_folder`): the run's end's ``<run_dir>/adapter``. Every rank
+    gathers; ``is_main`` writes."""
+    from graft import __version__
+    from graft.output_dirs import write_folder
+
+    tensors = peft_tensors(model, is_main=is_main)
+    if is_main:
+        write_folder(out_dir, lambda folder: _write(folder, tensors, model, section, base),
+                     written_by=f"graft {__version__}", label="the adapter folder")
 
 
 def write_adapter_format(*, model: nn.Module, out_dir: Path, cfg: Any) -> None:

@@ -62,14 +62,6 @@ def apply_lora(model: nn.Module, section: LoraConfig, *, seed: int) -> int:
     return adapted
 
 
-def compute_dtype(mixed_precision: str, model: nn.Module) -> torch.dtype | None:
-    """The dtype ``model`` computes in under ``engine.mixed_precision`` (bf16: ``bf16``, or
-    ``auto`` on CUDA), or None for fp32."""
-    device = next(model.parameters()).device
-    bf16 = mixed_precision == "bf16" or (mixed_precision == "auto" and device.type == "cuda")
-    return torch.bfloat16 if bf16 else None
-
-
 def store_frozen_in(model: nn.Module, dtype: torch.dtype | None) -> None:
     """Keep ``model``'s frozen floating-point parameters in ``dtype`` (None: as they are)."""
     if dtype is None:

@@ -35,10 +35,12 @@ def graft_pre_shard(model: Any, cfg: Any, role: str) -> None:
     forward, since FSDP2 casts it to that dtype anyway); the adapters keep fp32 masters."""
     if role != "policy" or not lora_enabled(cfg):
         return
-    from graft_lora.apply import apply_lora, compute_dtype, store_frozen_in
+    from graft.engine import mixed_precision_policy
+    from graft_lora.apply import apply_lora, store_frozen_in
 
     apply_lora(model, lora_section(cfg), seed=cfg.trainer.seed)
-    store_frozen_in(model, compute_dtype(cfg.engine.mixed_precision, model))
+    device = next(model.parameters()).device
+    store_frozen_in(model, mixed_precision_policy(cfg.engine.mixed_precision, device).param_dtype)
     _ADAPTED.add(model)
 
 
@@ -74,13 +76,14 @@ def graft_ckpt_load(model: Any, ctx: Any) -> None:
 
 @hookimpl
 def graft_train_end(model: Any, cfg: Any, run_dir: Any, is_main: bool) -> None:
-    """The run's adapters as a PEFT adapter directory, ``<run_dir>/adapter``."""
+    """The run's adapters as a PEFT adapter directory, ``<run_dir>/adapter``, written as a
+    Graft export is (replaced whole, a folder of someone else's files refused)."""
     if model not in _ADAPTED:
         return
-    from graft_lora.adapter_dir import write_adapter
+    from graft_lora.adapter_dir import write_adapter_dir
 
-    write_adapter(model, run_dir / "adapter", lora_section(cfg),
-                  base=cfg.model.path or cfg.model.preset, is_main=is_main)
+    write_adapter_dir(model, run_dir / "adapter", lora_section(cfg),
+                      base=cfg.model.path or cfg.model.preset, is_main=is_main)
 
 
 @hookimpl
@@ -102,6 +105,8 @@ def graft_export_entries(model: Any, entries: list[tuple[str, Any]]
                          ) -> list[tuple[str, Any]] | None:
     """Exports (HF directories, weight syncs, the decode copy) get the merged weights
     ``W + scale * B @ A``, not the adapters."""
+    if model not in _ADAPTED:  # the decode copy, the KL reference, a run without adapters
+        return None
     from graft_lora.apply import merged_entries
 
     return merged_entries(model, entries)
