@@ -19,6 +19,9 @@ from pathlib import Path
 
 from graft.errors import ConfigError, few
 
+__all__ = ["MARKER", "check_output_dir", "give_umask_modes", "umask_file_mode", "write_folder",
+           "write_marker"]
+
 # Written last into every folder `HFDirectorySink` writes: the files Graft put there.
 MARKER = ".graft-export.json"
 
