@@ -116,6 +116,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return source, root / "site"
 
 
+# The doc's tiny chat model for its tool-calling environment (a python -c line).
+WRITE_CHAT_MODEL = ("python -c from graft.testing import write_chat_checkpoint; "
+                    "write_chat_checkpoint('chat-model', tools=True)")
 # What to check in the output of each command the doc shows (beyond exit code 0).
 EXPECTED = {
     "graft plugins": ("myfeature", "graft-myfeature", "features.myfeature"),
@@ -125,6 +128,9 @@ EXPECTED = {
     "graft train --config myfeature-tiny": ("graft train: summary",),
     "graft train --config myfeature-rl": ("graft train: summary", "reward"),
     "graft train --config myfeature-env": ("graft train: summary", "reward"),
+    WRITE_CHAT_MODEL: (),
+    "graft train --config myfeature-tools model.path=chat-model": ("graft train: summary",
+                                                                   "reward"),
 }
 
 
@@ -137,12 +143,24 @@ def test_every_command_of_the_doc_runs(run_graft, installed: tuple[Path, Path]) 
             continue  # done by the fixture, into a separate site
         if command == "pytest tests":
             result = run_example_tests(source, site)
+        elif command == WRITE_CHAT_MODEL:
+            result = subprocess.run([sys.executable, "-c", command.split(" -c ", 1)[1]],
+                                    cwd=source, capture_output=True, text=True, timeout=300)
         else:
             result = run_graft(shlex.split(command)[1:], site=site, cwd=source)
         output = result.stdout + result.stderr
         assert result.returncode == 0, f"{command}:\n{output[-4000:]}"
         for expected in EXPECTED.get(command, ("passed",)):
             assert expected in result.stdout, f"{command}: no {expected!r} in\n{result.stdout}"
+    check_tool_prompts(source)
+
+
+def check_tool_prompts(source: Path) -> None:
+    """The tool-calling run's prompts carry word_length's schema, rendered by the template."""
+    (run,) = [path for path in (source / "runs").iterdir()
+              if "environment: lengths" in (path / "config.yaml").read_text()]
+    prompt = json.loads((run / "samples.jsonl").read_text().splitlines()[0])["prompt"]
+    assert "<tools>" in prompt and '"name": "word_length"' in prompt, prompt
 
 
 def run_example_tests(source: Path, site: Path) -> subprocess.CompletedProcess[str]:

@@ -69,8 +69,13 @@ def test_harmony_and_llama3() -> None:
     harmony = TOOL_FORMATS["harmony"]
     turn = harmony.parse("<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>"
                          "commentary to=functions.search <|constrain|>json<|message|>"
-                         '{"query": "x"}')
+                         '{"query": "x"}<|call|>')
     assert turn == ParsedTurn("", "hm", [ToolCall("search", {"query": "x"})])
+    # a call the engine cut before <|call|> is text, as Hermes's is; a finished one that does
+    # not parse is malformed
+    cut = "<|channel|>commentary to=functions.search <|constrain|>json<|message|>{\"qu"
+    assert harmony.parse(cut) == ParsedTurn(cut)
+    assert harmony.parse(cut + "<|call|>").errors
     assert harmony.parse("<|channel|>final<|message|>42").content == "42"
     llama3 = TOOL_FORMATS["llama3"]
     assert llama3.parse('<|python_tag|>{"name": "search", "parameters": {"query": "x"}}') == \
@@ -105,3 +110,31 @@ def test_a_plugin_registers_its_own_format_and_auto_finds_it() -> None:
         resolve_tool_format("bracket")
     with pytest.raises(ValueError, match="found no tool-call format"):
         resolve_tool_format("auto", Tokenizer())
+
+
+def add(a: float, b: float) -> float:
+    """Add two numbers."""
+    return a + b
+
+
+def test_a_harmony_call_cut_before_its_end_is_text_and_a_finished_one_runs(
+        chat_tokenizers) -> None:
+    """Through `ToolEnvironment.step` on harmony-style token ids: ``<|call|>`` (a special
+    token, where the engine stops) marks a finished call; without it the call was cut
+    (``rollout.max_new_tokens``) and the turn is the final answer, not a malformed action."""
+    from graft_multiturn.tools import ToolEnvironment
+
+    tokenizer = chat_tokenizers["harmony"]
+    call = ('<|channel|>commentary to=functions.add <|constrain|>json<|message|>'
+            '{"a": 2, "b": 3}')
+    ids = tokenizer.encode(call + "<|call|>", add_special_tokens=False)
+    env = ToolEnvironment([add], tokenizer=tokenizer, tool_format="harmony")
+    env.reset("What is 2+3?")
+    observation, _, done = env.step(ids, "")
+    assert not done and observation == [{"role": "tool", "name": "add", "content": "5"}]
+    env.reset("What is 2+3?")
+    assert env.step(ids[:-3], "") == (None, None, True)
+    broken = tokenizer.encode(call[:-1] + "<|call|>", add_special_tokens=False)
+    with pytest.raises(MalformedAction):
+        env.reset("What is 2+3?")
+        env.step(broken, "")

@@ -45,6 +45,7 @@ __all__ = [
     "check_plugin",
     "compute_advantages",
     "registered_plugin",
+    "write_chat_checkpoint",
 ]
 
 # Torch-importing names, loaded on first access (the core's own definitions).
@@ -53,6 +54,7 @@ _LAZY = {
     "aggregate_loss": "graft.losses",
     "advantage_estimators": "graft.rl.advantages",
     "compute_advantages": "graft.rl.advantages",
+    "write_chat_checkpoint": "graft.testing.chat",
 }
 
 

@@ -318,11 +318,11 @@ class EpisodeRunner:
     def _assistant(self, episode: Episode) -> dict[str, Any]:
         """The model's last turn as a message, as its environment's ``tool_format`` reads
         it (content only without one)."""
-        text = turn_text(episode.last_turn, self.tokenizer)
         format_ = getattr(episode.env, "tool_format", None)
         if format_ is None:
-            return {"role": "assistant", "content": text}
+            return {"role": "assistant", "content": turn_text(episode.last_turn, self.tokenizer)}
         format_ = resolve_tool_format(format_, self.tokenizer)
+        text = turn_text(episode.last_turn, self.tokenizer, keep=getattr(format_, "ends", ()))
         return format_.message(format_.parse(text))
 
     def _template(self) -> ChatTemplate:

@@ -152,9 +152,11 @@ class ParsedTurn:
 class ToolFormat(Protocol):
     """How one template family writes tool calls. ``name``; ``call_end``: the text that ends a
     call (a stop string for an environment that answers one call per turn; "" when it is a
-    special token); `detect` (whether a chat template's text is of this family); `parse` (a
-    turn's text, special tokens kept, its trailing end-of-turn token removed); `message` (the
-    assistant message the template renders back into the same text)."""
+    special token); ``ends`` (optional): special tokens that end a message in this format,
+    kept at the end of the text `parse` gets so that it can tell a finished call from one the
+    engine cut; `detect` (whether a chat template's text is of this family); `parse` (a turn's
+    text, special tokens kept, its trailing special tokens other than ``ends`` removed);
+    `message` (the assistant message the template renders back into the same text)."""
 
     name: str
     call_end: str
@@ -238,7 +240,7 @@ class HarmonyFormat:
     call_end = ""  # <|call|> is a special token: the turn ends there (eos)
     HEADER = re.compile(r"<\|channel\|>(\w+)(?:\s+to=functions\.([\w.\-]+))?\s*"
                         r"(?:<\|constrain\|>\s*\w+)?<\|message\|>", re.S)
-    ENDS = ("<|end|>", "<|call|>", "<|return|>")
+    ends = ("<|end|>", "<|call|>", "<|return|>")
 
     def detect(self, template: str) -> bool:
         return "<|channel|>" in template
@@ -253,9 +255,12 @@ class HarmonyFormat:
                 turn.content += part
                 continue
             body = part[header.end():]
-            for end in self.ENDS:
-                body = body.removesuffix(end)
             channel, recipient = header.group(1), header.group(2)
+            if recipient and not body.endswith(self.ends):
+                turn.content += part  # cut before <|call|> (max_new_tokens): text, as Hermes's
+                continue
+            for end in self.ends:
+                body = body.removesuffix(end)
             if recipient:
                 try:
                     turn.calls.append(ToolCall(recipient, json.loads(body)))
@@ -332,13 +337,16 @@ def resolve_tool_format(name: str | ToolFormat, tokenizer: Any = None) -> ToolFo
                      f"template (known: {', '.join(TOOL_FORMATS)}); name one")
 
 
-def turn_text(ids: Sequence[int], tokenizer: Any) -> str:
+def turn_text(ids: Sequence[int], tokenizer: Any, keep: Sequence[str] = ()) -> str:
     """A turn's text as formats parse it: special tokens kept, its trailing special tokens
-    (the end of turn the engine stopped at) removed."""
+    (the end of turn the engine stopped at) removed, except the last when its text is one of
+    ``keep`` (a format's ``ends``)."""
     special = set(getattr(tokenizer, "all_special_ids", ()) or ())
     end = len(ids)
     while end and ids[end - 1] in special:
         end -= 1
+    if end < len(ids) and keep and tokenizer.decode([ids[end]]) in keep:
+        end += 1
     return tokenizer.decode(list(ids[:end]), skip_special_tokens=False)
 
 
@@ -393,7 +401,8 @@ class ToolEnvironment:
 
     def step(self, action_ids: list[int], action_text: str
              ) -> tuple[Observation | None, float | None, bool]:
-        turn = self.tool_format.parse(turn_text(action_ids, self.tokenizer))
+        turn = self.tool_format.parse(turn_text(action_ids, self.tokenizer,
+                                                keep=getattr(self.tool_format, "ends", ())))
         if turn.errors:
             raise MalformedAction(turn.errors[0])
         if not turn.calls:
