@@ -43,6 +43,8 @@ def graft_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatc
             previous = os.umask(UMASK)
             try:
                 code = main(args)
+            except SystemExit as exit_:  # argparse's usage errors and --help
+                code = exit_.code if isinstance(exit_.code, int) else 1
             finally:
                 os.umask(previous)
         out, err = capsys.readouterr()

@@ -1,4 +1,6 @@
-"""The ``graft`` CLI as a user runs it: subprocesses, real installed plugins, exit codes."""
+"""The ``graft`` CLI as a user runs it: exit codes and messages (in this process, `graft_cli`),
+and in subprocesses where the process is the point: the console script, what a command
+imports, plugins installed in a site of their own."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ def plugins_json(result: subprocess.CompletedProcess[str]) -> dict[str, dict]:
     return {row["name"]: row for row in json.loads(result.stdout)}
 
 
-def test_version(run_graft) -> None:
-    result = run_graft(["--version"])
+def test_version(graft_cli) -> None:
+    result = graft_cli(["--version"])
     assert result.returncode == 0 and result.stdout.strip() == f"graft {__version__}"
 
 
@@ -80,35 +82,37 @@ def test_duplicate_plugin_names_exit_2_naming_both(run_graft, plugin_sites) -> N
     assert "graft-demo-plugin" in result.stderr and "graft-demo-twin" in result.stderr
 
 
-def test_misspelled_key_exits_2_without_traceback(run_graft) -> None:
-    result = run_graft(["config", "show", "trainer.totl_steps=3"])
+def test_misspelled_key_exits_2_without_traceback(graft_cli) -> None:
+    result = graft_cli(["config", "show", "trainer.totl_steps=3"])
     assert result.returncode == 2
     assert "'trainer.totl_steps'" in result.stderr and "Did you mean 'total_steps'?" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_plus_prefixed_unknown_key_exits_2(run_graft) -> None:
-    result = run_graft(["config", "show", "+trainer.newkey=1"])
+def test_plus_prefixed_unknown_key_exits_2(graft_cli) -> None:
+    result = graft_cli(["config", "show", "+trainer.newkey=1"])
     assert result.returncode == 2 and "trainer has no key 'newkey'" in result.stderr
 
 
-def test_misspelled_key_in_yaml_exits_2(run_graft, tmp_path: Path) -> None:
+def test_misspelled_key_in_yaml_exits_2(graft_cli, tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("optim:\n  learning_rate: 0.1\n")
-    result = run_graft(["config", "show", "--config", str(path)])
+    result = graft_cli(["config", "show", "--config", str(path)])
     assert result.returncode == 2
     assert f"{path}, line 2" in result.stderr and "'optim.learning_rate'" in result.stderr
 
 
-def test_graft_debug_shows_traceback(run_graft) -> None:
-    result = run_graft(["config", "show", "trainer.totl_steps=3"], env={"GRAFT_DEBUG": "1"})
+def test_graft_debug_shows_traceback(graft_cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRAFT_DEBUG", "1")
+    result = graft_cli(["config", "show", "trainer.totl_steps=3"])
     assert result.returncode == 2 and "Traceback" in result.stderr
 
 
 def test_overrides_after_options_are_collected(run_graft, tmp_path: Path) -> None:
     result = run_graft(["config", "show", "trainer.seed=5", "--disable-plugin", "demo",
-                        "trainer.total_steps=4"], site=None)
-    # demo is not installed here, so disabling it is an error naming the setting
+                        "trainer.total_steps=4"])
+    # demo is not installed here, so disabling it is an error naming the setting (a process of
+    # its own: the plugins a process loaded stay loaded)
     assert result.returncode == 2 and "--disable-plugin" in result.stderr
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
@@ -118,8 +122,8 @@ def test_overrides_after_options_are_collected(run_graft, tmp_path: Path) -> Non
     assert "seed: 5" in result.stdout and "total_steps: 4" in result.stdout
 
 
-def test_unknown_option_is_rejected(run_graft) -> None:
-    result = run_graft(["plugins", "--jsn"])
+def test_unknown_option_is_rejected(graft_cli) -> None:
+    result = graft_cli(["plugins", "--jsn"])
     assert result.returncode == 2 and "--jsn" in result.stderr
 
 
@@ -132,16 +136,16 @@ def test_bare_graft_prints_the_help(run_graft) -> None:
             assert f"    {command} " in result.stdout, result.stdout
 
 
-def test_a_stray_word_without_a_command_is_still_an_error(run_graft) -> None:
-    result = run_graft(["trainer.total_steps=3"])
+def test_a_stray_word_without_a_command_is_still_an_error(graft_cli) -> None:
+    result = graft_cli(["trainer.total_steps=3"])
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 
-def test_config_check_counts_one_file_in_the_singular(run_graft, tmp_path: Path) -> None:
+def test_config_check_counts_one_file_in_the_singular(graft_cli, tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("trainer:\n  total_steps: 3\n")
-    result = run_graft(["config", "check", str(good)])
+    result = graft_cli(["config", "check", str(good)])
     assert result.returncode == 0 and result.stdout.endswith("\n1 config file valid\n"), result.stdout
     good.write_text("trainer:\n  total_step: 3\n")
-    failed = run_graft(["config", "check", str(good)])
+    failed = graft_cli(["config", "check", str(good)])
     assert failed.returncode == 2 and "1 of 1 config file is invalid" in failed.stderr

@@ -8,8 +8,8 @@ from graft.export.sinks.base import RowBlock
 
 ALIGN = 64  # bytes; keeps every view aligned for any dtype
 # Tensors from this size on are copied one by one: a plain copy is a cudaMemcpy at full device
-# bandwidth, while the multi-tensor copy kernel reaches about two thirds of it on large tensors
-# (measured: bench/README.md). Below it, one kernel for all saves the launches.
+# bandwidth, while the multi-tensor copy kernel reaches less of it on large tensors (see
+# bench/README.md). Below it, one kernel for all saves the launches.
 SEPARATE_COPY_BYTES = 1 << 20
 
 

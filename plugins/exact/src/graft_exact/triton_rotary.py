@@ -2,8 +2,8 @@
 (`graft_exact.rotary`).
 
 transformers' ``x * cos + rotate_half(x) * sin`` is about six launches for the queries and six
-for the keys (two products, the halves' ``neg`` and ``cat``, the sum): in the 1.1B exact rollout
-about 130 ms of its 0.88 s of GPU time. Here a program rotates every head of one token, with
+for the keys (two products, the halves' ``neg`` and ``cat``, the sum), a visible share of the 1.1B
+exact rollout's GPU time (see bench/README.md). Here a program rotates every head of one token, with
 the eager form's rounding points (each product rounded to the input's dtype, then the sum). An
 element's result depends only on that element, its position's table entry and its partner in
 the other half. Runs on CPU tensors under ``TRITON_INTERPRET=1`` (tests).

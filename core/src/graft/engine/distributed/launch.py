@@ -38,8 +38,9 @@ def use_short_openmp_spin() -> None:
     more OpenMP threads than cores, and 100 times once it has more. The first checkpoint save
     adds threads (each of gloo's two worker threads starts its own OpenMP team), so training
     changed speed there: with the cores shared with other jobs, spinning threads took the time
-    the working ones needed, and RL steps before the first save took 8-20 s against 0.5-3 s
-    after it. With the short spin from the start every step runs as those after the save do.
+    the working ones needed, and RL steps before the first save were several times slower than
+    after it (see bench/README.md). With the short spin from the start every step runs as those
+    after the save do.
     """
     if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
         os.environ["GOMP_SPINCOUNT"] = SHORT_SPIN

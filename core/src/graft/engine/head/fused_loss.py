@@ -1,8 +1,8 @@
 """The chunked head with the loss's gradient taken in its forward (a fused linear + loss).
 
 `graft.engine.head.chunked` keeps no logits: its backward recomputes each chunk's logits from the
-saved hidden states, one more ``tokens x hidden x vocab`` matmul per step (about 1% of a Llama-8B
-step at 32K tokens). When the loss is token-separable and its aggregation linear
+saved hidden states, one more ``tokens x hidden x vocab`` matmul per step (its share of a long
+sequence's step: see bench/README.md). When the loss is token-separable and its aggregation linear
 (`graft.losses.contract`), a token's loss gradient is known as soon as its log-prob is: here
 each chunk's logits give the log-probs, the loss of the chunk's tokens (``token_loss``), its
 gradient with respect to those log-probs, the logits' gradient (the same formulas as the chunked
