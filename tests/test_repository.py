@@ -10,6 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 VLLM_REQUIRED = "export GRAFT_REQUIRE_VLLM=1"
 VLLM_OPTIONAL = "unset GRAFT_REQUIRE_VLLM"
+TRITON_REQUIRED = "export GRAFT_REQUIRE_TRITON=1"
 
 
 def readme_commands() -> list[str]:
@@ -34,8 +35,9 @@ def test_ci_runs_the_readme_commands() -> None:
     for command in (install_and_run, run_tests, newest):
         assert command in ci_lines, f".ci/run does not run the README command {command!r}"
     # leg one: vLLM's tests must run (not skip); leg two has no vLLM and deselects them
+    # leg two: the Triton kernels' interpreter tests must run (triton is in its requirements)
     order = [ci_lines.index(line) for line in (install_and_run, VLLM_REQUIRED, run_tests,
-                                               VLLM_OPTIONAL, newest)]
+                                               VLLM_OPTIONAL, TRITON_REQUIRED, newest)]
     assert order == sorted(order), ci_lines
     assert "requirements-newest.txt" in newest and "pytest" in newest
     # leg one: vLLM's and the version-dependent tests; leg two: every test but vLLM's

@@ -20,8 +20,7 @@ from graft_deepseek_v4.quant.kernels import select_kernels
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "triton_interpreted.py"
 
 
-def test_triton_kernels_match_the_reference_in_the_interpreter() -> None:
-    pytest.importorskip("triton")
+def test_triton_kernels_match_the_reference_in_the_interpreter(requires_triton: None) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     result = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
                             env=env, timeout=300)
