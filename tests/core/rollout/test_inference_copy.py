@@ -62,3 +62,41 @@ def test_hook_graft_inference_copy_runs_after_every_refresh_and_the_copy_samples
                and call["cfg"].rollout.decode == "static" for call in plugin.calls)
     # the copy sampled the halved policy the trainer scores (unhalved: ~1e-1 per token)
     assert all(row["train_infer_logprob_diff"] < 1e-5 for row in rows), rows
+
+
+class FrozenEmbeddings:
+    """Freezes the policy's input embeddings before sharding (as an adapter plugin freezes the
+    base)."""
+
+    @hookimpl
+    def graft_pre_shard(self, model, role):
+        if role == "policy":
+            model.get_input_embeddings().weight.requires_grad_(False)
+
+
+def test_a_refresh_copies_parameters_that_do_not_train_only_the_first_time(
+        tmp_path: Path, graft_plugin) -> None:
+    graft_plugin(FrozenEmbeddings(), name="frozen")
+    cfg = compose([f"trainer.run_dir={tmp_path}", "trainer.total_steps=2", "engine.device=cpu",
+                   "rollout.decode=static", "rollout.prompts_per_step=4", "rollout.n=4",
+                   "rollout.max_new_tokens=8", "algorithm.reward=positional_match",
+                   "checkpoint.every_steps=0", "checkpoint.save_at_end=false",
+                   "export.hf_at_end=false"])
+    trainer = Trainer(cfg)
+    copy, trained = trainer.job.rollout.copy, trainer.engine.model
+    before = {name: value.clone() for name, value in copy.model.state_dict().items()}
+    trainer.fit()
+    trained_state = {name: value.full_tensor() for name, value in trained.state_dict().items()}
+    changed = [name for name, value in copy.model.state_dict().items()
+               if not torch.equal(value, before[name])]
+    assert changed and "model.embed_tokens.weight" not in changed  # the updates trained
+    for name, value in copy.model.state_dict().items():  # after 2 updates: what trains now
+        assert torch.equal(value, trained_state[name]), name
+    frozen = copy.model.get_input_embeddings().weight
+    trains = copy.model.model.layers[0].self_attn.o_proj.weight
+    with torch.no_grad():
+        frozen.add_(1.0)
+        trains.add_(1.0)
+    copy.refresh()
+    assert torch.equal(trains, trained_state["model.layers.0.self_attn.o_proj.weight"])
+    assert torch.equal(frozen, trained_state["model.embed_tokens.weight"] + 1.0)

@@ -4,6 +4,9 @@ It holds every parameter and buffer whole on this rank's device, in the compute 
 trainer's forward casts to under mixed precision), so generation runs without FSDP hooks or
 collectives and transformers can compile its decode step. `refresh` copies the trained weights in
 (gathered from their shards, one tensor at a time); the rollout engine calls it after each update.
+A parameter that does not train (``requires_grad`` False: a frozen base under adapters) cannot
+have changed, so only the first refresh copies it; what a plugin computes at each export
+(``graft_export_entries``: merged adapters) is computed and copied every time.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class InferenceCopy:
         self._hook = (manager or get_plugin_manager()).hook
         self._targets = dict(self.model.state_dict(keep_vars=True))
         self._buffers = {name for name, _ in self.model.named_buffers()}
+        self._frozen_copied = False
         self.refresh()
 
     def cache_options(self) -> dict[str, Any]:
@@ -78,10 +82,19 @@ class InferenceCopy:
         """Copy the trained model's current weights in (a collective: every rank calls it), then
         let plugins make the copy compute what the policy does (``graft_inference_copy``)."""
         for name, entry in exported_entries(self.trained):
+            if self._frozen_copied and _frozen(entry):
+                continue
             whole, _ = gather_full(entry_tensor(entry), dtype=self.dtype)
             self._targets[name].copy_(whole)
+        self._frozen_copied = True
         # Non-persistent buffers (rotary tables) are not in the state dict: take them as they are.
         for name, buffer in self.trained.named_buffers():
             if name in self._buffers and name not in self._targets:
                 self.model.get_buffer(name).copy_(buffer)
         self._hook.graft_inference_copy(model=self.model, trained=self.trained, cfg=self.cfg)
+
+
+def _frozen(entry: Any) -> bool:
+    """Whether an exported entry is a parameter the optimizer never changes (buffers may change
+    outside it, computed entries change with what they are computed from)."""
+    return isinstance(entry, torch.nn.Parameter) and not entry.requires_grad
