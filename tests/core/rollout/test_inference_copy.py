@@ -100,3 +100,22 @@ def test_a_refresh_copies_parameters_that_do_not_train_only_the_first_time(
     copy.refresh()
     assert torch.equal(trains, trained_state["model.layers.0.self_attn.o_proj.weight"])
     assert torch.equal(frozen, trained_state["model.embed_tokens.weight"] + 1.0)
+
+
+def test_the_copy_of_a_model_with_tied_embeddings_keeps_them_tied(tmp_path: Path) -> None:
+    """A saved model whose output layer is its input embedding (``tie_word_embeddings``, as
+    Qwen3's small models and Gemma 3 are): the export names the shared tensor once, so the
+    copy's output layer must be its embedding, or it samples from uninitialised memory."""
+    from graft.testing import write_chat_checkpoint
+
+    folder = write_chat_checkpoint(tmp_path / "tied")
+    cfg = compose([f"model.path={folder}", f"trainer.run_dir={tmp_path / 'run'}",
+                   "engine.device=cpu", "rollout.decode=static", "checkpoint.every_steps=0",
+                   "checkpoint.save_at_end=false", "export.hf_at_end=false"])
+    trainer = Trainer(cfg)
+    copy, trained = trainer.job.rollout.copy.model, trainer.engine.model
+    assert copy.config.tie_word_embeddings
+    assert copy.lm_head.weight is copy.get_input_embeddings().weight
+    ids = torch.arange(1, 13).view(2, 6)
+    with torch.no_grad():
+        assert torch.allclose(copy(ids).logits, trained(ids).logits, atol=1e-5)

@@ -46,6 +46,7 @@ class InferenceCopy:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
         model.to_empty(device=device)
+        model.tie_weights()  # to_empty gives each module a tensor of its own: tied ones too
         family = family_for(config.model_type)
         if family.prepare_model is not None:
             family.prepare_model(model)
