@@ -1,0 +1,71 @@
+"""Sliding-window attention under ``features.exact.enabled``: a window that holds the run's
+longest sequence changes nothing, so Mistral- and Gemma-3-style models sample exactly what the
+trainer computes (mismatch 0.0, exact fraction 1.0 on every step, with either decode path); a
+shorter window and linear attention are config errors that name what is missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from graft.config import compose
+from graft.errors import ConfigError
+from graft.testing import write_chat_checkpoint
+from graft.training.trainer import Trainer
+
+RUN = ("engine.device=cpu", "checkpoint.every_steps=0", "checkpoint.save_at_end=false",
+       "export.hf_at_end=false", "trainer.print_sample_every_steps=0",
+       "features.exact.enabled=true", "trainer.total_steps=2")
+WINDOWED = {"mistral": {}, "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"],
+                                           "query_pre_attn_scalar": 16}}
+
+
+def windowed_checkpoint(folder: Path, model_type: str, window: int) -> Path:
+    """A tiny random ``model_type`` model with ``sliding_window=window`` and the chat
+    tokenizer of `graft.testing.write_chat_checkpoint`, saved as a Hugging Face directory."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    write_chat_checkpoint(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    config = AutoConfig.for_model(
+        model_type, vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=1024, sliding_window=window, bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        **WINDOWED[model_type])
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("decode", ["dynamic", "static"])
+@pytest.mark.parametrize("model_type", sorted(WINDOWED))
+def test_a_window_that_holds_the_sequence_samples_exactly(tmp_path: Path, model_type: str,
+                                                          decode: str) -> None:
+    folder = windowed_checkpoint(tmp_path / "model", model_type, window=4096)
+    cfg = compose([f"model.path={folder}", f"trainer.run_dir={tmp_path / 'run'}", *RUN,
+                   f"rollout.decode={decode}"])
+    rows = Trainer(cfg).fit()
+    assert [(r["train_infer_logprob_diff"], r["train_infer_logprob_exact_fraction"])
+            for r in rows] == [(0.0, 1.0)] * 2
+
+
+def test_a_window_shorter_than_the_runs_sequences_is_refused_naming_them(tmp_path: Path) -> None:
+    folder = windowed_checkpoint(tmp_path / "model", "mistral", window=32)
+    base = [f"model.path={folder}", "features.exact.enabled=true", "data.max_prompt_tokens=24"]
+    assert compose([*base, "rollout.max_new_tokens=8"]).features.exact.enabled  # 32 tokens
+    with pytest.raises(ConfigError, match=r"sliding_window=32\) is shorter than this run's "
+                       r"sequences \(data.max_prompt_tokens \+ rollout.max_new_tokens .*= 33"):
+        compose([*base, "rollout.max_new_tokens=9"])
+    with pytest.raises(ConfigError, match="features.multiturn.max_episode_tokens"):
+        compose([*base, "features.multiturn.environment=calculator"])
+
+
+def test_linear_attention_is_refused_naming_it() -> None:
+    from graft_exact import check_exact_support
+    from transformers import AutoConfig
+
+    with pytest.raises(ConfigError, match="linear_attention layers compute no softmax"):
+        check_exact_support(AutoConfig.for_model("qwen3_next"))
