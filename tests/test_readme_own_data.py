@@ -1,6 +1,7 @@
-"""The README's "Your own model and data" commands, as written, in an empty folder (with the
-repository's examples/): they make the tiny checkpoint and data, train with validation and
-samples, and check the example configs."""
+"""The "Your own model and data" page's CPU commands (docs/own-model-and-data.md, once the
+README's section), as written, in an empty folder (with the repository's examples/): they make
+the tiny checkpoint and data, train with validation and samples, and check the example
+configs."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "<!-- own-data-commands -->"
+PAGE = REPO / "docs" / "own-model-and-data.md"
 
 
 def readme_commands() -> list[str]:
-    text = (REPO / "README.md").read_text()
+    text = PAGE.read_text()
     block = re.search(re.escape(MARKER) + r"\n```bash\n(.*?)\n```", text, re.S)
-    assert block, f"README.md has no bash block after {MARKER}"
+    assert block, f"{PAGE.relative_to(REPO)} has no bash block after {MARKER}"
     return block.group(1).splitlines()
 
 

@@ -80,6 +80,12 @@ def test_hook_specs_are_the_design_table() -> None:
         # added so graft export writes a plugin's own format of a checkpoint (graft-lora's
         # PEFT adapter directory, #39)
         "graft_export_formats",
+        # added so a plugin opens what it logs to once per run, knowing the run directory and
+        # the step it resumes after (graft-wandb, #41)
+        "graft_train_begin",
+        # added so a plugin adds a subcommand to the graft command line (graft-plot's
+        # `graft plot`, #41)
+        "graft_cli_commands",
     }
 
 

@@ -23,8 +23,8 @@ def test_an_unknown_qat_mode_lists_the_valid_ones() -> None:
         graft.compose(["features.deepseek_v4.qat=fp8"])
 
 
-def test_gspo_is_the_core_s_now() -> None:
-    """GSPO moved to the core's policy losses: its settings are under ``loss``."""
+def test_gspo_is_not_this_plugin_s() -> None:
+    """GSPO, once this plugin's, is graft-gspo's: its settings are under ``features.gspo``."""
     assert not hasattr(graft.compose([]).features.deepseek_v4, "gspo_rollout_is")
     with pytest.raises(ConfigError, match="gspo_rollout_is"):
         graft.compose(["features.deepseek_v4.gspo_rollout_is=token"])

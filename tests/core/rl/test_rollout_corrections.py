@@ -134,13 +134,10 @@ def test_hook_graft_rollout_corrections_adds_a_selectable_correction(graft_plugi
         compose(["algorithm.rollout_correction=halv"])
 
 
-def test_rules_refuse_an_empty_icepop_range_and_a_second_rollout_weight() -> None:
+def test_rules_refuse_an_empty_icepop_range_and_a_cap_of_zero() -> None:
     with pytest.raises(ConfigError, match="icepop_low=3.0 must be below"):
         compose(["algorithm.rollout_correction=icepop", "algorithm.icepop_low=3",
                  "algorithm.icepop_high=2"])
-    with pytest.raises(ConfigError, match="gspo_rollout_is"):
-        compose(["algorithm.rollout_correction=mis", "loss.policy_loss=gspo",
-                 "loss.gspo_rollout_is=token"])
     with pytest.raises(ConfigError, match="rollout_correction_cap"):
         compose(["algorithm.rollout_correction_cap=0"])
 

@@ -111,3 +111,41 @@ def test_hook_graft_train_end_runs_once_after_the_last_step(graft_plugin, tmp_pa
     (tmp_path / "end.txt").unlink()
     run(tmp_path, steps=2)
     assert len(plugin.calls) == 1 and not (tmp_path / "end.txt").exists()
+
+
+class BeginRecorder:
+    """Records ``graft_train_begin``'s arguments and the steps that end after it."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    @hookimpl
+    def graft_train_begin(self, cfg, run_dir: Path, is_main: bool, start_step: int,
+                          metrics: dict) -> None:
+        self.events.append(("begin", start_step, sorted(metrics), is_main, run_dir,
+                            cfg.trainer.total_steps))
+
+    @hookimpl
+    def graft_step_end(self, step: int) -> None:
+        self.events.append(("step", step))
+
+
+def test_hook_graft_train_begin_runs_once_before_the_first_step_with_the_resume_point(
+        graft_plugin, tmp_path: Path) -> None:
+    plugin = BeginRecorder()
+    graft_plugin(plugin, name="begin-recorder")
+    held_out = tmp_path / "val.jsonl"
+    held_out.write_text('{"prompt": "say ab:", "response": "abababab"}\n')
+    run_dir = tmp_path / "run"
+    options = (f"data.val_path={held_out}", "trainer.val_every_steps=2",
+               "checkpoint.every_steps=2", "checkpoint.save_at_end=false")
+    run(run_dir, *options, steps=3)
+    # step 0's record is the first validation, logged before the first step
+    assert plugin.events == [("begin", 0, ["val/loss"], True, run_dir, 3),
+                             ("step", 1), ("step", 2), ("step", 3)]
+    plugin.events.clear()
+    run(run_dir, *options, steps=4)  # resumes from step 2's checkpoint: step 3 again
+    assert plugin.events == [("begin", 2, [], True, run_dir, 4), ("step", 3), ("step", 4)]
+    plugin.events.clear()
+    run(run_dir, *options, steps=4)  # finished: nothing trains, nothing begins
+    assert plugin.events == []

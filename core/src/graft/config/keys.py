@@ -61,6 +61,8 @@ MOVED_KEYS: dict[str, MovedKey] = {
     "algorithm.overlong": MovedKey("features.dapo.overlong", "none", "graft-dapo"),
     "algorithm.overlong_buffer": MovedKey("features.dapo.overlong_buffer", None, "graft-dapo"),
     "algorithm.overlong_penalty": MovedKey("features.dapo.overlong_penalty", 1.0, "graft-dapo"),
+    "loss.gspo_rollout_is": MovedKey("features.gspo.rollout_is", "none", "graft-gspo"),
+    "loss.gspo_rollout_is_cap": MovedKey("features.gspo.rollout_is_cap", 2.0, "graft-gspo"),
 }
 
 

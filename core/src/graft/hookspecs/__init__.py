@@ -33,6 +33,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 from graft.hookspecs.registration import (  # noqa: E402
     graft_advantage_estimators,
     graft_auto_settings,
+    graft_cli_commands,
     graft_config_choices,
     graft_config_rules,
     graft_config_sections,
@@ -68,6 +69,7 @@ from graft.hookspecs.training import (  # noqa: E402
     graft_role_runner,
     graft_step_begin,
     graft_step_end,
+    graft_train_begin,
     graft_train_end,
 )
 from graft.hookspecs.weights import (  # noqa: E402
@@ -93,6 +95,7 @@ __all__ = [
     "graft_episode_runner",
     "graft_experience_source",
     "graft_export_entries",
+    "graft_cli_commands",
     "graft_export_formats",
     "graft_export_slots",
     "graft_inference_copy",
@@ -116,6 +119,7 @@ __all__ = [
     "graft_static_decoder",
     "graft_step_begin",
     "graft_step_end",
+    "graft_train_begin",
     "graft_train_end",
     "graft_trainer_modes",
     "graft_weights_loaded",

@@ -232,6 +232,21 @@ def graft_export_formats() -> dict[str, Any]:
 
 
 @hookspec
+def graft_cli_commands() -> list[Any]:
+    """Add subcommands to the ``graft`` command line.
+
+    When: while ``graft`` builds its parser, only for a command line that names no command of
+    the core's (``train``, ``plugins``, ``config``, ``ckpt``, ``export``) and for ``graft
+    --help``; one process, before any rank exists. Return objects (modules are fine) with
+    ``add_parser(subparsers)``, which adds one parser to ``subparsers`` (argparse's) and sets
+    its ``run`` default: a function of the parsed ``argparse.Namespace`` returning the exit
+    code (graft's errors give exit 2 with their message, as for the core's commands). Must not
+    mutate anything and must import nothing heavy: ``graft --help`` calls it. A command named
+    like another is a `graft.errors.PluginError`. Not ``firstresult``.
+    """
+
+
+@hookspec
 def graft_environments() -> dict[str, Any]:
     """Declare multi-turn tool environments; graft-multiturn consumes this registry (selected
     with ``features.multiturn.environment=<name>``, run by its ``graft_episode_runner``); every

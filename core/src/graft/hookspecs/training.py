@@ -150,6 +150,26 @@ def graft_loss_aggregate(
 
 
 @hookspec
+def graft_train_begin(cfg: Any, run_dir: Any, is_main: bool, start_step: int,
+                      metrics: dict[str, float]) -> None:
+    """Signal that training begins (a logger opens its run here: graft-wandb).
+
+    When: once per run, right before step ``start_step + 1`` (after the model is built, the
+    checkpoint resumed and the record of step 0 logged); on every training rank, not on ranks
+    of other roles, and not when a finished run is started again. ``cfg`` is the root config
+    with its ``auto`` settings chosen, ``run_dir`` the run directory (a `pathlib.Path`),
+    ``is_main`` the rank that writes files; ``start_step`` the step training continues after:
+    0 for a new run (or one that starts over), else the resumed checkpoint's step (the steps
+    after it may have reached ``graft_step_end`` before, in the attempt that stopped);
+    ``metrics`` step 0's record, what ran before the first step (``val/*`` of the first
+    validation; empty when nothing ran, and on a resume).
+
+    Write only under ``run_dir``, to paths your plugin owns; must not mutate ``cfg`` or
+    ``metrics``. Not ``firstresult``.
+    """
+
+
+@hookspec
 def graft_step_begin(step: int) -> None:
     """Signal that training step ``step`` (1-based) begins.
 

@@ -5,7 +5,7 @@ For plugins: `AggregationContext` (the normalisers a ``graft_loss_aggregate`` ge
 trainer does it: plugins first, then the core's modes), `BUILTIN_AGG_MODES`, and the
 `token_separable` mark (`is_token_separable`).
 
-Submodules: `graft.losses.policy` (PPO clip, SFT NLL), `graft.losses.gspo` (GSPO),
+Submodules: `graft.losses.policy` (PPO clip, SFT NLL; plugins add losses: graft-gspo's GSPO),
 `graft.losses.aggregation` (the ``loss_agg_mode`` formulas), `graft.losses.registry` (lookups
 through the plugin hooks), `graft.losses.contract` (the torch-free names above). This package
 module imports nothing heavy (torch loads when a loss is aggregated).

@@ -35,15 +35,6 @@ def graft_loss_agg_modes() -> list[str]:
 
 
 @hookimpl
-def graft_config_rules() -> list[Any]:
-    """GSPO has no dual clip: its default ``loss.clip_ratio_c`` is turned off, a value the user
-    set is refused."""
-    from graft.losses.gspo import check_gspo_config, gspo_default_has_no_dual_clip
-
-    return [gspo_default_has_no_dual_clip, check_gspo_config]
-
-
-@hookimpl
 def graft_config_choices() -> dict[str, Any]:
     """``policy_losses`` and ``loss_agg_modes`` (whose error names the plugins that aggregate
     without declaring their modes)."""
@@ -56,8 +47,8 @@ def graft_config_choices() -> dict[str, Any]:
 
 @hookimpl
 def graft_policy_losses() -> dict[str, Any]:
-    """The core's policy losses: ``ppo`` (clip, dual clip) and ``gspo`` (sequence ratio)."""
-    from graft.losses.gspo import gspo_loss
+    """The core's policy loss: ``ppo`` (clip, dual clip); plugins add more (graft-gspo's
+    ``gspo``)."""
     from graft.losses.policy import ppo_clip_loss
 
-    return {"ppo": ppo_clip_loss, "gspo": gspo_loss}
+    return {"ppo": ppo_clip_loss}

@@ -4,11 +4,11 @@
 
 A token-separable loss is a per-token loss whose value at a token depends on that token's
 inputs alone (its log-prob and the batch tensors at its position), never on another token's.
-PPO's clipped surrogate, the KL penalty and SFT's NLL are; GSPO (a sequence ratio) is not. For a
-token-separable loss and a linear aggregation (every built-in ``loss.loss_agg_mode``), the
-gradient of the micro-batch's loss with respect to a token's log-prob is known as soon as that
-token's log-prob is: the chunked head then takes the loss's gradient in its forward
-(`graft.engine.head.fused_loss`) and never recomputes the logits.
+PPO's clipped surrogate, the KL penalty and SFT's NLL are; a sequence-ratio loss (graft-gspo's
+GSPO) is not. For a token-separable loss and a linear aggregation (every built-in
+``loss.loss_agg_mode``), the gradient of the micro-batch's loss with respect to a token's
+log-prob is known as soon as that token's log-prob is: the chunked head then takes the loss's
+gradient in its forward (`graft.engine.head.fused_loss`) and never recomputes the logits.
 """
 
 from __future__ import annotations

@@ -50,18 +50,12 @@ def graft_config_rules() -> list[Any]:
 
 
 def check_rollout_correction(*, cfg: GraftConfig) -> None:
-    """`ConfigError` for an empty IcePop range (``algorithm.icepop_low >= icepop_high``), and
-    for ``algorithm.rollout_correction`` with GSPO's own rollout weights
-    (``loss.gspo_rollout_is``): the loss would be weighted twice."""
+    """`ConfigError` for an empty IcePop range (``algorithm.icepop_low >= icepop_high``)."""
     algorithm = cfg.algorithm
     if algorithm.rollout_correction == "icepop" and algorithm.icepop_low >= algorithm.icepop_high:
         raise ConfigError(f"algorithm.icepop_low={algorithm.icepop_low} must be below "
                           f"algorithm.icepop_high={algorithm.icepop_high} (every token would be "
                           f"masked)")
-    if algorithm.rollout_correction != "none" and cfg.loss.gspo_rollout_is != "none":
-        raise ConfigError(f"algorithm.rollout_correction={algorithm.rollout_correction} and "
-                          f"loss.gspo_rollout_is={cfg.loss.gspo_rollout_is} both weight the loss "
-                          f"by the rollout's importance ratio; set one of them to none")
 
 
 @hookimpl

@@ -256,8 +256,12 @@ class Trainer:
             with MetricsLog(self.run_dir, total_steps=total, enabled=self.env.is_main,
                             tensorboard=self.cfg.trainer.tensorboard,
                             start_step=self.step) as log:
-                if self.step == 0 and (before := self._after_step(0)):
+                before = self._after_step(0) if self.step == 0 else {}
+                if before:
                     log.log({"step": 0, **before}, print_line=False)
+                self.manager.hook.graft_train_begin(cfg=self.cfg, run_dir=self.run_dir,
+                                                    is_main=self.env.is_main,
+                                                    start_step=self.step, metrics=before)
                 while self.step < total:
                     metrics = self.train_step()
                     log.log(metrics, print_line=self.step % every == 0 or self.step == total)

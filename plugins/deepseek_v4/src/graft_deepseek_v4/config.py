@@ -1,5 +1,5 @@
 """``features.deepseek_v4``: QAT settings (cheap to import: no torch). GSPO, which this plugin
-once provided, is the core's ``loss.policy_loss=gspo`` (its settings: ``loss.gspo_rollout_is*``)."""
+once provided, is graft-gspo's ``loss.policy_loss=gspo`` (its settings: ``features.gspo.*``)."""
 
 from __future__ import annotations
 

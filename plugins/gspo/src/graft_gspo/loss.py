@@ -1,50 +1,51 @@
-"""GSPO (Group Sequence Policy Optimization, Zheng et al., 2025), ``loss.policy_loss=gspo``: a
-per-token policy loss that honours every ``loss.loss_agg_mode``.
+"""GSPO's per-token policy loss (Group Sequence Policy Optimization, Zheng et al., 2025),
+``loss.policy_loss=gspo``, and the pure functions it is built from (hand-checked in
+tests/gspo/test_loss.py). torch is imported where the math runs: config validation imports
+this package.
 
-Sequence ratio ``s_i = exp(mean over the valid tokens of (logp - old_logp))``, in token form
-``log s_it = sg[log s_i] + logp_t - sg[logp_t]`` (clamped at ``LOG_RATIO_CLAMP``): every token's
-value is ``s_i`` but each keeps its own gradient ``s_i * grad logp_t``. The per-token loss is
-``max(-A s_it, -A clip(s_it, 1 - low, 1 + high))`` (``loss.clip_ratio_low/high``; GSPO's ranges
-are ~3e-4 / 4e-4), times the optional rollout importance weights (``loss.gspo_rollout_is``). The
-core then reduces it with ``loss.loss_agg_mode``: ``seq-mean-token-mean`` gives the GSPO paper's
-objective; the other modes weight sequences by their length or a constant, as they do for PPO
-(verl's GSPO ignores the configured mode and always uses ``seq-mean-token-mean``). Like verl's
-``compute_policy_loss_gspo``, GSPO has no dual clip: ``loss.clip_ratio_c`` set with it is a config
-error (`check_gspo_config`), not a setting silently ignored.
-
-Metrics (per token, averaged over the mask): ``clip_fraction`` and its ``_lower`` (A < 0, ratio
-below 1 - low) and ``_upper`` (A > 0, ratio above 1 + high) parts, ``seq_ratio``, ``approx_kl``
-and, with rollout importance weights, ``rollout_is_weight``.
+Per token ``max(-A s_it, -A clip(s_it, 1 - low, 1 + high))``, where ``s_it`` has the value of
+the sequence ratio ``s_i = exp(mean over the valid tokens of (logp - old_logp))`` and the
+gradient ``s_i * grad logp_t``; the core reduces it with ``loss.loss_agg_mode``.
+plugins/gspo/README.md ("How it works") says why, and what each mode then means.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from graft.config.keys import was_set
-from graft.errors import ConfigError
+from graft_gspo.config import gspo_section
 
-if TYPE_CHECKING:  # torch loads when the loss runs: config validation imports this module
+if TYPE_CHECKING:
     import torch
 
+# Largest token log-ratio (and rollout-weight log-ratio): exp(10) stays finite in fp32 and lies
+# far outside any clip range; a token above it gets no gradient rather than an inf.
 LOG_RATIO_CLAMP = 10.0
 PPO_LIKE_CLIP = 0.01  # clip ranges above this look like PPO's token-ratio ranges
 
-logger = logging.getLogger("graft.losses")
+logger = logging.getLogger("graft.losses")  # the core's loss logger: its warnings show as before
 
 
 def gspo_loss(*, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-              mask: torch.Tensor, cfg: Any,
+              mask: torch.Tensor, cfg: Any, root_cfg: Any = None,
               tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GSPO's per-token loss over ``(sequences, tokens)`` matrices (see the module docstring);
-    ``cfg`` is ``cfg.loss``, ``tensors`` holds ``rollout_logprobs`` for the importance weights."""
+    """GSPO's per-token loss and per-token metrics over ``(sequences, tokens)`` matrices (the
+    ``graft_policy_losses`` contract; called by the trainer for every micro-batch).
+
+    ``logp``/``old_logp``: the trained and the old policy's log-probs (nats); ``advantages``
+    per token; ``mask`` 1 on the response tokens. ``cfg`` is ``cfg.loss`` (its
+    ``clip_ratio_low/high``), ``root_cfg`` the whole config (``features.gspo``'s rollout
+    weights; None or a config without the section: none), ``tensors`` holds
+    ``rollout_logprobs`` for those weights. The loss is not token-separable: a token's value
+    depends on its whole sequence's ratio."""
     import torch
 
+    gspo = gspo_section(root_cfg)
     warn_if_ppo_clip_range(cfg.clip_ratio_low, cfg.clip_ratio_high)
     log_ratio = sequence_log_ratio(logp, old_logp, mask)
+    # every token's value is the sequence ratio, but each keeps its own gradient s_i * grad logp_t
     token_log_ratio = (log_ratio.detach()[:, None] + logp - logp.detach()).clamp(
         max=LOG_RATIO_CLAMP)
     ratio = torch.exp(token_log_ratio)
@@ -57,9 +58,9 @@ def gspo_loss(*, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.T
                "clip_fraction_upper": took_clip * (advantages > 0).float(),
                "seq_ratio": ratio.detach(),
                "approx_kl": -log_ratio.detach()[:, None].expand_as(logp)}
-    if cfg.gspo_rollout_is != "none":
+    if gspo.rollout_is != "none":
         weights = rollout_is_weights(old_logp, tensors["rollout_logprobs"], mask,
-                                     level=cfg.gspo_rollout_is, cap=cfg.gspo_rollout_is_cap)
+                                     level=gspo.rollout_is, cap=gspo.rollout_is_cap)
         loss = loss * weights
         metrics["rollout_is_weight"] = weights
     return loss, metrics
@@ -86,25 +87,6 @@ def rollout_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask:
     if level == "sequence":
         log_weight = (log_weight.sum(-1) / mask.sum(-1).clamp(min=1.0))[:, None].expand_as(mask)
     return torch.exp(log_weight.clamp(max=LOG_RATIO_CLAMP)).clamp(max=cap)
-
-
-def gspo_default_has_no_dual_clip(cfg: Any, user_keys: Collection[str]) -> None:
-    """A config rule: ``loss.policy_loss=gspo`` turns the default ``loss.clip_ratio_c`` off (GSPO
-    has no dual clip); a value the user set stays and `check_gspo_config` refuses it."""
-    if cfg.loss.policy_loss == "gspo" and not was_set("loss.clip_ratio_c", user_keys):
-        cfg.loss.clip_ratio_c = None
-
-
-def check_gspo_config(cfg: Any) -> None:
-    """`ConfigError` for ``loss.policy_loss=gspo`` with ``loss.clip_ratio_c`` set: GSPO (as in
-    verl) has no dual clip, so the setting would be silently ignored."""
-    loss = cfg.loss
-    if loss.policy_loss != "gspo" or loss.clip_ratio_c is None:
-        return
-    raise ConfigError(f"loss.policy_loss=gspo has no dual clip, so loss.clip_ratio_c="
-                      f"{loss.clip_ratio_c} would be ignored (GSPO clips its sequence ratio to "
-                      f"[1 - clip_ratio_low, 1 + clip_ratio_high] only, as verl's GSPO does); "
-                      f"set loss.clip_ratio_c=null")
 
 
 @cache

@@ -1,6 +1,7 @@
-"""GSPO (a core policy loss): value and gradient against an independent per-sequence formula under
-every aggregation mode (built-in and a plugin's), clip fractions, the clamp, rollout weights, the
-PPO-range warning, and ``loss.clip_ratio_c`` refused (GSPO has no dual clip)."""
+"""GSPO (graft-gspo's policy loss, moved from tests/core/losses/test_gspo.py): value and gradient
+against an independent per-sequence formula under every aggregation mode (built-in and a
+plugin's), clip fractions, the clamp, rollout weights, the PPO-range warning, and
+``loss.clip_ratio_c`` refused (GSPO has no dual clip)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,9 @@ import torch
 import graft
 from graft import hookimpl
 from graft.errors import ConfigError
-from graft.losses import BUILTIN_AGG_MODES
-from graft.losses.aggregation import AggregationContext
-from graft.losses.gspo import gspo_loss, rollout_is_weights, warn_if_ppo_clip_range
-from graft.losses.registry import aggregate_loss, policy_losses
+from graft.losses import BUILTIN_AGG_MODES, AggregationContext, aggregate_loss
+from graft.losses.registry import policy_losses
+from graft_gspo import GspoConfig, gspo_loss, rollout_is_weights, warn_if_ppo_clip_range
 
 PLUGIN_MODE = "seq-sum-token-mean"
 LENGTHS = [5, 9, 0, 3, 12]  # one sequence without a response token
@@ -55,9 +55,13 @@ def batch(seed: int = 0) -> dict[str, torch.Tensor]:
                                                 dtype=torch.float64)}
 
 
-def loss_config(low: float = 0.01, high: float = 0.015, rollout_is: str = "none"):
-    return SimpleNamespace(clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=None,
-                           gspo_rollout_is=rollout_is, gspo_rollout_is_cap=2.0)
+def loss_config(low: float = 0.01, high: float = 0.015,
+                rollout_is: str = "none") -> tuple[SimpleNamespace, SimpleNamespace]:
+    """(``cfg.loss``, the root config) as the trainer passes them: the clip range in the loss
+    section, the rollout weights in ``features.gspo``."""
+    loss = SimpleNamespace(clip_ratio_low=low, clip_ratio_high=high, clip_ratio_c=None)
+    gspo = GspoConfig(rollout_is=rollout_is, rollout_is_cap=2.0)
+    return loss, SimpleNamespace(loss=loss, features=SimpleNamespace(gspo=gspo))
 
 
 def per_sequence_reference(data: dict, mode: str, ctx: AggregationContext, low: float,
@@ -88,8 +92,9 @@ def per_sequence_reference(data: dict, mode: str, ctx: AggregationContext, low: 
 def through_the_core(data: dict, mode: str, ctx: AggregationContext, manager,
                      **config) -> tuple[torch.Tensor, torch.Tensor, dict]:
     logp = data["logp"].clone().requires_grad_()
+    loss_cfg, root_cfg = loss_config(**config)
     loss_mat, metrics = gspo_loss(logp=logp, old_logp=data["old"], advantages=data["advantages"],
-                                  mask=data["mask"], cfg=loss_config(**config),
+                                  mask=data["mask"], cfg=loss_cfg, root_cfg=root_cfg,
                                   tensors={"rollout_logprobs": data["rollout"]})
     value = aggregate_loss(loss_mat, data["mask"], mode, ctx, manager)
     value.backward()
@@ -166,16 +171,16 @@ def test_a_ppo_like_clip_range_is_warned_about_once(caplog) -> None:
     assert "look like PPO's" in caplog.text and "clip_ratio_low=3e-4" in caplog.text
 
 
-def test_gspo_is_a_built_in_policy_loss() -> None:
+def test_gspo_is_a_policy_loss_of_the_plugin() -> None:
     assert policy_losses()["gspo"] is gspo_loss
     cfg = graft.compose(["loss.policy_loss=gspo", "loss.clip_ratio_c=null",
-                         "loss.gspo_rollout_is=sequence", "loss.gspo_rollout_is_cap=1.5"])
-    assert (cfg.loss.gspo_rollout_is, cfg.loss.gspo_rollout_is_cap) == ("sequence", 1.5)
+                         "features.gspo.rollout_is=sequence", "features.gspo.rollout_is_cap=1.5"])
+    assert cfg.features.gspo == GspoConfig(rollout_is="sequence", rollout_is_cap=1.5)
 
 
 def test_dual_clip_with_gspo_is_a_config_error() -> None:
     """GSPO has no dual clip (verl's neither): a clip_ratio_c the user set, which it would
-    ignore, is refused; the default is turned off (test_defaults_follow_choices)."""
+    ignore, is refused; the default is turned off (test_dual_clip.py)."""
     with pytest.raises(ConfigError, match=r"loss.policy_loss=gspo has no dual clip, so "
                                           r"loss.clip_ratio_c=3.0 would be ignored.*set "
                                           r"loss.clip_ratio_c=null"):
@@ -184,5 +189,5 @@ def test_dual_clip_with_gspo_is_a_config_error() -> None:
 
 
 def test_the_rollout_weight_cap_must_be_positive() -> None:
-    with pytest.raises(ConfigError, match="loss.gspo_rollout_is_cap"):
-        graft.compose(["loss.gspo_rollout_is_cap=0"])
+    with pytest.raises(ConfigError, match=r"features\.gspo\.rollout_is_cap"):
+        graft.compose(["features.gspo.rollout_is_cap=0"])

@@ -33,7 +33,7 @@ def main(out_dir: str, micro_batches: int) -> None:
     cfg = compose(["model.preset=tiny-qwen3-moe", "engine.device=cpu", "trainer.mode=sft",
                    "loss.policy_loss=gspo", "loss.clip_ratio_low=0.01",
                    "loss.clip_ratio_high=0.015", "loss.clip_ratio_c=null",
-                   "loss.gspo_rollout_is=sequence"])
+                   "features.gspo.rollout_is=sequence"])
     engine = build_engine(cfg, env, pad_token_id=0)
     samples = fixed_token_samples()
     advantages = torch.randn(len(samples), generator=torch.Generator().manual_seed(8)).tolist()

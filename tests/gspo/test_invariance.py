@@ -1,5 +1,6 @@
 """GSPO's gradient does not depend on how a mini-batch is split over ranks and micro-batches
-(the core's losses hold to the same: tests/core/engine/test_loss_invariance.py)."""
+(the core's losses hold to the same: tests/core/engine/test_loss_invariance.py). Moved from
+tests/core/losses/test_gspo_invariance.py; its worker is scripts/gspo_grads.py."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from graft.testing.invariance import (
     gradients_of_splits,
 )
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gspo_grads.py"
-pytestmark = pytest.mark.slow  # the script on one rank, then on two: ~20 s on 2 cores
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "gspo_grads.py"
+pytestmark = pytest.mark.slow  # the script on one rank, then on two (torchrun, gloo)
 
 
 @pytest.fixture(scope="module")
