@@ -151,6 +151,21 @@ def requires_triton() -> None:
 
 
 @pytest.fixture
+def site_without(tmp_path: Path) -> Callable[[str], Path]:
+    """``site_without(name)``: a folder to put first on ``PYTHONPATH`` (`run_graft`'s ``site``)
+    where ``import name`` fails as it does when the package is not installed."""
+
+    def make(name: str) -> Path:
+        site = tmp_path / f"site-without-{name}"
+        (site / name).mkdir(parents=True)
+        (site / name / "__init__.py").write_text(
+            f"raise ModuleNotFoundError(\"No module named '{name}'\", name='{name}')\n")
+        return site
+
+    return make
+
+
+@pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Remove the GRAFT_* switches a developer may have set."""
     for key in ENV_KEYS:

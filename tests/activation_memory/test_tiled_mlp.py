@@ -29,6 +29,7 @@ def assert_close(run, reference, what: str) -> None:
         assert error <= 1e-6, f"{what}: gradient of {name} off by {error:.2e}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_tiled_mlp_and_recomputed_norms_keep_logprobs_and_gradients(preset: str) -> None:
     reference = step(preset)

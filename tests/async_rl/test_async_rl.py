@@ -46,6 +46,7 @@ def test_a_step_is_generated_by_the_weights_k_updates_before_its_own(step: int, 
     assert version_for(step, k) == version
 
 
+@pytest.mark.slow
 def test_on_policy_workers_sample_and_train_as_the_colocated_ranks_do(
         graft_train, metrics_of, tmp_path: Path) -> None:
     # with a correction on both sides, which on-policy weighs every token by about 1

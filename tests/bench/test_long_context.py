@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
+@pytest.mark.slow
 def test_the_tiny_run_times_the_variants_interleaved(tmp_path: Path) -> None:
     out = tmp_path / "lc.json"
     done = subprocess.run(

@@ -64,6 +64,7 @@ def test_a_tiny_model_learns_to_call_the_calculator_in_the_hermes_format(
     assert all(r["multiturn/prefix_breaks"] == 0 and r["rollout/env_errors"] == 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_a_short_run_in_the_hermes_format_logs_the_conversation(
         graft_train, metrics_of, hermes_calculator_model, tmp_path: Path) -> None:
     """The default format through ``graft train``: the prompt rendered with the tool list,

@@ -15,6 +15,7 @@ RUN = ("trainer.total_steps=2", "rollout.prompts_per_step=4", "rollout.n=4",
 SHAPING = ("dynamic_sampling/", "overlong/")
 
 
+@pytest.mark.slow
 def test_a_run_with_dynamic_sampling_and_the_penalty_is_the_same_on_two_ranks(
         graft_train, metrics_of, tmp_path: Path) -> None:
     # seeded sampling keys each sample by its prompt: the ranks agree on every round, and the
@@ -31,6 +32,7 @@ def test_a_run_with_dynamic_sampling_and_the_penalty_is_the_same_on_two_ranks(
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_run_that_keeps_nothing_trains_on_masked_padding(graft_train, metrics_of,
                                                            tmp_path: Path) -> None:
     # exact_match on the random model: every reward 0, every group flat, every round dropped;

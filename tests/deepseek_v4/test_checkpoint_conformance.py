@@ -13,6 +13,7 @@ from graft.testing.checkpoint import check_plugin_on_checkpoint
 QAT = ["trainer.mode=sft", "features.deepseek_v4.qat=fp8_blockwise"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_qat_runs_from_a_checkpoint(tmp_path: Path, nproc: int) -> None:
     from_path, _ = check_plugin_on_checkpoint(

@@ -35,6 +35,7 @@ def test_hash_routing_table_is_initialised() -> None:
         assert len(set(table[:, 0].tolist())) == model.config.n_routed_experts
 
 
+@pytest.mark.slow
 def test_two_rank_training_exports_a_loadable_identical_model(run_graft, tmp_path: Path) -> None:
     result = run_graft(["train", "--nproc", "2", f"trainer.run_dir={tmp_path}", "trainer.mode=sft",
                         "trainer.total_steps=2", "model.preset=tiny-deepseek-v4"])

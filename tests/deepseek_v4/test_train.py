@@ -20,6 +20,7 @@ SMALL_RL = ["trainer.total_steps=2", "rollout.prompts_per_step=2", "rollout.n=4"
 PASSES = "deepseek_v4/qat_weight_passes"
 
 
+@pytest.mark.slow
 def test_qat_gspo_rl_on_one_rank_with_a_quantised_reference(graft_train, metrics_of,
                                                             tmp_path: Path) -> None:
     graft_train(tmp_path, *ACCEPTANCE, *SMALL_RL, "loss.kl_coef=0.1")

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "sharded_weights.py"
 
 
+@pytest.mark.slow
 def test_sharded_weights_quantise_like_the_full_weight() -> None:
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                              "--nproc-per-node=2", str(SCRIPT)], capture_output=True, text=True,

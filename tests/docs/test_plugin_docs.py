@@ -134,6 +134,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow
 def test_every_command_of_the_doc_runs(run_graft, installed: tuple[Path, Path]) -> None:
     source, site = installed
     commands = doc_commands()

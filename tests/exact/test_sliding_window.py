@@ -40,6 +40,7 @@ def windowed_checkpoint(folder: Path, model_type: str, window: int) -> Path:
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decode", ["dynamic", "static"])
 @pytest.mark.parametrize("model_type", sorted(WINDOWED))
 def test_a_window_that_holds_the_sequence_samples_exactly(tmp_path: Path, model_type: str,

@@ -12,6 +12,7 @@ import pytest
 from graft.testing.checkpoint import check_plugin_on_checkpoint
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_gpt_oss_trains_from_a_checkpoint(tmp_path: Path, nproc: int) -> None:
     check_plugin_on_checkpoint(preset="tiny-gpt-oss",

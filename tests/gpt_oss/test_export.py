@@ -64,6 +64,7 @@ def test_other_models_and_parameters_are_left_to_the_next_handler(ctx) -> None:
     assert gpt_oss_expert_slots("model.layers.1.mlp.router.weight", tensor, vllm) is None
 
 
+@pytest.mark.slow
 def test_one_exporter_serves_both_layouts_without_expert_parallelism(
         ep_equivalence: dict) -> None:
     exports = ep_equivalence["ep1_exports"]  # 2 ranks, FSDP2 only: HF planned, vLLM streamed

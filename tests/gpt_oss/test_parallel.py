@@ -43,6 +43,7 @@ def test_ep_size_must_divide_the_experts() -> None:
         check_ep_size(8, 3)
 
 
+@pytest.mark.slow
 def test_ep_size_that_does_not_divide_the_experts_stops_the_run(run_graft) -> None:
     result = run_graft(["train", "--nproc", "2", *SFT, "engine.ep_size=2",
                         "+model.overrides.num_local_experts=5", "trainer.total_steps=1"])

@@ -87,6 +87,7 @@ def test_finished_rows_leave_the_batch_and_the_others_keep_their_own_log_probs()
             assert layer.values.data_ptr() == full_layer.values.data_ptr()
 
 
+@pytest.mark.slow
 def test_the_fused_step_samples_what_the_eager_step_does_as_the_batch_shrinks() -> None:
     """bf16, where fusing without emulate_precision_casts would round differently (on CPU too):
     the compiled step gives the eager step's tokens and log-probs bit for bit, from one
@@ -213,6 +214,7 @@ def test_sliding_window_models_keep_transformers_path() -> None:
     assert not decodes_with_graphs(AutoModelForCausalLM.from_config(config))
 
 
+@pytest.mark.slow
 def test_graft_train_with_the_graphed_loop_matches_its_own_log_probs(graft_train, metrics_of,
                                                                      tmp_path: Path) -> None:
     graft_train(tmp_path, "trainer.total_steps=2", "rollout.prompts_per_step=4", "rollout.n=4",

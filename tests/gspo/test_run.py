@@ -6,12 +6,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 RUN = ("trainer.total_steps=2", "rollout.prompts_per_step=4", "rollout.n=4",
        "rollout.max_new_tokens=16", "export.hf_at_end=false", "checkpoint.save_at_end=false",
        "loss.policy_loss=gspo", "loss.clip_ratio_low=3e-4", "loss.clip_ratio_high=4e-4",
        "features.gspo.rollout_is=token", "algorithm.mini_batches=2")
 
 
+@pytest.mark.slow
 def test_an_rl_run_with_gspo_and_rollout_weights_trains(graft_train, metrics_of,
                                                         tmp_path: Path) -> None:
     graft_train(tmp_path, *RUN)

@@ -123,6 +123,7 @@ def _exports_rebuild_the_run(run_graft, run: Path, step: Path, tmp_path: Path) -
         assert all(torch.equal(exported[k], written[k]) for k in written), fmt
 
 
+@pytest.mark.slow
 def test_a_run_checkpoints_only_the_adapters_and_resumes_bit_exactly(
         graft_train, run_graft, metrics_of, tmp_path: Path) -> None:
     steps = ["trainer.total_steps=4", "checkpoint.every_steps=2"]
@@ -261,6 +262,7 @@ def test_vllm_gets_the_merged_weights_and_its_log_probs_stay_the_trainer_s(
      "engine.max_tokens_per_micro_batch=96"),
     ("features.offload.enabled=true", "engine.activation_checkpointing=true")],
     ids=["router-replay-R3", "offload"])
+@pytest.mark.slow
 def test_adapters_train_beside_another_plugin(graft_train, metrics_of, tmp_path: Path,
                                               feature: tuple[str, ...]) -> None:
     graft_train(tmp_path, *RUN, *feature, "trainer.total_steps=2", "rollout.prompts_per_step=4",

@@ -15,6 +15,7 @@ OFFLOAD = ["trainer.mode=sft", "engine.activation_checkpointing=true",
            "features.offload.enabled=true", "features.offload.min_tensor_mb=0"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_offload_runs_from_a_checkpoint(plugin_sites: dict[str, Path], tmp_path: Path,
                                         nproc: int) -> None:

@@ -76,6 +76,7 @@ def test_offload_without_activation_checkpointing_is_a_config_error(tmp_path: Pa
                "engine.activation_checkpointing=false")
 
 
+@pytest.mark.slow
 def test_without_a_gpu_it_says_so_once_and_the_run_goes_on(run_graft, tmp_path: Path) -> None:
     result = run_graft(["train", f"trainer.run_dir={tmp_path}", "trainer.mode=sft",
                         "trainer.total_steps=2", "model.preset=tiny-llama",
@@ -86,6 +87,7 @@ def test_without_a_gpu_it_says_so_once_and_the_run_goes_on(run_graft, tmp_path: 
     assert "offload/host_gb" not in (tmp_path / "metrics.jsonl").read_text()
 
 
+@pytest.mark.slow
 def test_a_pattern_matching_nothing_exits_2_naming_it(run_graft, tmp_path: Path) -> None:
     result = run_graft(["train", f"trainer.run_dir={tmp_path}", "trainer.total_steps=1",
                         "features.offload.enabled=true",

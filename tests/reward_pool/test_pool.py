@@ -82,6 +82,7 @@ def test_scores_come_back_in_order(pool, kind: str) -> None:
     assert result.scores == [1.0, 0.0, 1.0, 0.0] * 3 and result.timed_out == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_a_stuck_sample_scores_zero_and_the_batch_goes_on(pool, rewards_module,
                                                           kind: str) -> None:

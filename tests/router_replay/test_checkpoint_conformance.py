@@ -18,6 +18,7 @@ RL = ["model.preset=tiny-qwen3-moe", "algorithm.mini_batches=2",
       "engine.max_tokens_per_micro_batch=48"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 @pytest.mark.parametrize("mode", ["R2", "R3"])
 def test_routing_replay_runs_from_a_checkpoint(tmp_path: Path, mode: str, nproc: int) -> None:

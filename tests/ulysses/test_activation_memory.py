@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "activation_bytes.py"
 
 
@@ -23,6 +25,7 @@ def measure(out: Path, sp: int) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_two_ranks_keep_about_half_the_activations_of_one(tmp_path: Path) -> None:
     one, two = measure(tmp_path / "sp1.json", 1), measure(tmp_path / "sp2.json", 2)
     ratio = two["activation_bytes"] / one["activation_bytes"]

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from graft.testing.checkpoint import check_plugin_on_checkpoint, run_graft_train, small_run
 
 SPLIT = ["features.ulysses.sp_size=2"]
@@ -30,6 +32,7 @@ def assert_trains_alike(one: list[dict], split: list[dict]) -> None:
                 a["step"], name, a[name], b[name])
 
 
+@pytest.mark.slow
 def test_rl_with_sp2_runs_from_a_checkpoint_and_trains_like_one_rank(
         plugin_sites: dict[str, Path], tmp_path: Path) -> None:
     _, split = check_plugin_on_checkpoint(preset="tiny-llama", overrides=SPLIT,

@@ -23,6 +23,9 @@ import torch
 from graft.losses import BUILTIN_AGG_MODES
 from graft_router_replay.routes import ROUTES
 
+# Every test here reads the 4-process runs of one module fixture (~90 s).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "split_grads.py"
 VARIANTS = ("dense", "moe", "dense_ckpt_chunked", "moe_r2")
 # name: (ranks, sp, variants)

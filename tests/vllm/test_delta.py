@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from graft.export import RowBlock, WeightExporter
@@ -120,6 +121,7 @@ def test_delta_after_a_sparse_update_sends_only_changed_rows(trained_moe: Traine
           f"({stats.bytes_sent / stats.bytes_total:.2%})")
 
 
+@pytest.mark.slow
 def test_delta_of_a_fused_tensor_sends_only_changed_expert_rows(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node=2", str(WORKER), str(tmp_path), "2"]

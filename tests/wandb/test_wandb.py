@@ -31,6 +31,7 @@ def metrics_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_every_step_goes_to_wandb_at_its_graft_step_with_the_config(tmp_path: Path,
                                                                     wandb_runs) -> None:
     held_out = tmp_path / "val.jsonl"
@@ -81,14 +82,11 @@ def test_nothing_is_logged_by_default_nor_off_the_main_rank(tmp_path: Path, over
     assert list(tmp_path.iterdir()) == []
 
 
-def test_without_wandb_the_run_is_refused_with_the_pip_command(run_graft, tmp_path: Path) -> None:
-    site = tmp_path / "site"  # a Python where `import wandb` fails, as when not installed
-    (site / "wandb").mkdir(parents=True)
-    (site / "wandb" / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'wandb'\", name='wandb')\n")
+def test_without_wandb_the_run_is_refused_with_the_pip_command(run_graft, site_without,
+                                                               tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_graft(["train", f"trainer.run_dir={run_dir}", "trainer.total_steps=1", *RUN],
-                       site=site)
+                       site=site_without("wandb"))
     assert result.returncode == 2, result.stderr[-3000:]
     assert "features.wandb.enabled=true" in result.stderr
     assert "`pip install wandb`" in result.stderr

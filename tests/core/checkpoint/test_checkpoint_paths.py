@@ -80,6 +80,7 @@ def test_relative_latest_from_inside_the_checkpoints_folder(run_graft, run_dir: 
         (run_dir / "checkpoints" / "step_2").resolve()
 
 
+@pytest.mark.slow
 def test_resume_from_the_latest_marker_of_another_run(graft_train, metrics_of, run_dir: Path,
                                                       tmp_path: Path) -> None:
     marker = run_dir / "checkpoints" / "latest"

@@ -36,6 +36,7 @@ def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return load_tensors(run_dir / "checkpoints" / f"step_{step}")
 
 
+@pytest.mark.slow
 def test_two_rank_resume_is_bit_identical(train, losses, tmp_path: Path) -> None:
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(straight, 6, *MOE, nproc=2)
@@ -52,6 +53,7 @@ def test_two_rank_resume_is_bit_identical(train, losses, tmp_path: Path) -> None
     assert all(torch.equal(optim_a[k], optim_b[k]) for k in optim_a)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("first", "second"), [(2, 1), (1, 2)])
 def test_resume_with_another_world_size_reshards(train, losses, tmp_path: Path, first: int,
                                                  second: int) -> None:
@@ -65,6 +67,7 @@ def test_resume_with_another_world_size_reshards(train, losses, tmp_path: Path, 
         assert got[step] == pytest.approx(expected[step], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_changed_model_shape_is_a_clear_error(run_graft, train, tmp_path: Path) -> None:
     train(tmp_path, 3, *SFT)
     result = run_graft(["train", f"trainer.run_dir={tmp_path}", "trainer.total_steps=4", *SFT,
@@ -75,6 +78,7 @@ def test_changed_model_shape_is_a_clear_error(run_graft, train, tmp_path: Path) 
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_async_save_resumes_exactly(train, losses, tmp_path: Path) -> None:
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     args = (*SFT, "checkpoint.every_steps=2", "checkpoint.async_save=true")
@@ -84,6 +88,7 @@ def test_async_save_resumes_exactly(train, losses, tmp_path: Path) -> None:
     assert losses(straight) == losses(resumed)
 
 
+@pytest.mark.slow
 def test_ckpt_inspect_and_verify(run_graft, train, tmp_path: Path) -> None:
     train(tmp_path, 2, *SFT)
     inspect = run_graft(["ckpt", "inspect", str(tmp_path), "--json"])

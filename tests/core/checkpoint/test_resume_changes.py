@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 SFT = ("trainer.mode=sft", "model.preset=tiny-llama")
 RL_TINY = ("rollout.prompts_per_step=1", "rollout.n=2", "rollout.max_new_tokens=4")
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_model_is_refused_and_keeps_config_yaml(
         graft_train, run_graft, tmp_path: Path) -> None:
     graft_train(tmp_path, "trainer.total_steps=2", *SFT)
@@ -29,6 +31,7 @@ def test_a_resume_with_another_model_is_refused_and_keeps_config_yaml(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_changed_settings_are_said_and_applied_and_a_finished_run_is_left_alone(
         graft_train, metrics_of, tmp_path: Path) -> None:
     graft_train(tmp_path, "trainer.total_steps=2", *RL_TINY)

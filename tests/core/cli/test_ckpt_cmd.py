@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 STEP = Path("checkpoints") / "step_1"
 
 
+@pytest.mark.slow
 def test_inspect_reports_the_size_on_disk_and_flags_a_truncated_file(graft_cli,
                                                                       run_copy: Path) -> None:
     ckpt = run_copy / STEP

@@ -40,6 +40,7 @@ def test_light_commands_do_not_import_torch(argv: list[str]) -> None:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_installed_plugin_shows_up_with_hooks_and_section(run_graft, plugin_sites) -> None:
     rows = plugins_json(run_graft(["plugins", "--json"], site=plugin_sites["good"]))
     demo = rows["demo"]

@@ -38,6 +38,7 @@ def test_errors_that_need_no_ranks_are_found_before_the_launch(run_graft, tmp_pa
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("debug", [False, True])
 def test_an_error_found_by_the_ranks_is_printed_once_with_their_exit_code(
         run_graft, tmp_path: Path, debug: bool) -> None:
@@ -88,6 +89,7 @@ def test_a_rank_that_recorded_nothing_is_named_with_its_exit_code(tmp_path: Path
     assert capsys.readouterr().err == "", "Ctrl-C: rank 0 says what happened"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("env", "spin"), [({}, "100"), ({"GOMP_SPINCOUNT": "5000"}, "5000")])
 def test_openmp_threads_spin_as_briefly_before_the_first_checkpoint_as_after_it(
         run_graft, tmp_path: Path, env: dict[str, str], spin: str) -> None:

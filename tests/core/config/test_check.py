@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from graft.config.check import yaml_files
 
 REPO = Path(__file__).resolve().parents[3]
@@ -18,6 +20,7 @@ def test_every_shipped_yaml_is_valid(run_graft) -> None:
     assert f"{len(shipped)} config files valid" in result.stdout
 
 
+@pytest.mark.slow
 def test_no_argument_checks_presets_of_graft_and_plugins(run_graft, plugin_sites) -> None:
     result = run_graft(["config", "check"], site=plugin_sites["demo"])
     assert result.returncode == 0, result.stdout + result.stderr

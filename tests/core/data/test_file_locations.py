@@ -77,6 +77,7 @@ def test_synthetic_samples_keep_their_index(tmp_path: Path) -> None:
         encode_prompts(generate_samples("copy", 1, seed=0), builtin_tokenizer(), max_tokens=2)
 
 
+@pytest.mark.slow
 def test_the_cli_reports_file_and_line(run_graft, long_prompt_on_line_4: Path,
                                        tmp_path: Path) -> None:
     result = run_graft(["train", f"trainer.run_dir={tmp_path / 'run'}", "trainer.mode=sft",

@@ -19,6 +19,7 @@ def test_a_batch_smaller_than_the_ranks_is_refused_with_the_fix() -> None:
 
 @pytest.mark.parametrize("mode, key", [("rl", "rollout.prompts_per_step"),
                                        ("sft", "trainer.global_batch_size")])
+@pytest.mark.slow
 def test_two_ranks_with_one_prompt_or_sample_stop_with_a_config_error(tmp_path: Path, mode: str,
                                                                       key: str) -> None:
     # Before the check, RL hung (the test fails at the timeout, stopping every rank) and SFT

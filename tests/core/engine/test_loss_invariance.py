@@ -21,6 +21,7 @@ def gradients(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return gradients_of_splits(SCRIPT, tmp_path_factory.mktemp("aggregation"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", BUILTIN_AGG_MODES)
 def test_one_rank_four_micro_batches_equals_two_ranks_one_each(gradients, mode: str) -> None:
     assert_same_gradients(*gradients, mode)

@@ -45,6 +45,7 @@ def assert_sinks_hold_the_fused_tensors(result: dict, ep: int) -> None:
     assert result["hf_bytes"] == result["rows_bytes"] == result["whole_bytes"]
 
 
+@pytest.mark.slow
 def test_fused_experts_stream_as_row_blocks_that_sinks_assemble(two_ranks: dict) -> None:
     assert_sinks_hold_the_fused_tensors(two_ranks, ep=2)
 

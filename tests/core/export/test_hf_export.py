@@ -26,6 +26,7 @@ def trained_model(run_dir: Path, preset: str) -> torch.nn.Module:
     return model.eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", PRESETS)
 def test_two_rank_training_exports_a_loadable_identical_model(run_graft, tmp_path: Path,
                                                               preset: str) -> None:
@@ -35,6 +36,7 @@ def test_two_rank_training_exports_a_loadable_identical_model(run_graft, tmp_pat
     check_hf_export(tmp_path, preset, step=2)
 
 
+@pytest.mark.slow
 def test_graft_export_cli_converts_a_checkpoint(run_graft, tmp_path: Path) -> None:
     run = tmp_path / "run"
     result = run_graft(["train", f"trainer.run_dir={run}", "trainer.total_steps=2",
@@ -58,6 +60,7 @@ def test_export_of_a_missing_checkpoint_is_a_clear_error(run_graft, tmp_path: Pa
     assert result.returncode == 2 and "does not exist" in result.stderr
 
 
+@pytest.mark.slow
 def test_end_of_run_export_replaces_only_what_graft_wrote(run_graft, tmp_path: Path) -> None:
     """A foreign <run_dir>/hf is refused before training starts (training first and refusing the
     export after it would leave the weights unwritten with checkpoint.save_at_end=false)."""

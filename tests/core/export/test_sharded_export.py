@@ -18,6 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "export_sharded.py"
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize(("ranks", "vocab_size", "planned"),
                          [(2, 128, True), (2, 129, False), (1, 129, True)])
+@pytest.mark.slow
 def test_sharded_export_equals_the_unsharded_tensors(tmp_path: Path, ranks: int, vocab_size: int,
                                                      planned: bool, dtype: str) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",

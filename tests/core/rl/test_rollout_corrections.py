@@ -167,6 +167,7 @@ def test_a_sequence_correction_keeps_the_fused_heads_loss_and_gradients() -> Non
         torch.testing.assert_close(grads_f[name], grad, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tis", "mis", "seq_mis", "icepop"])
 def test_a_short_run_with_each_correction_logs_finite_metrics(name: str, graft_train, metrics_of,
                                                               tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 # 4 prompts x 4 answers of up to 48 tokens from the tiny random model and the built-in
 # character tokenizer (one token per character, <bos>/<eos>/<pad>/<unk> one each): some
 # answers reach <eos> before 48 tokens, others are cut there. Every prompt is logged.
@@ -15,6 +17,7 @@ ARGS = ("trainer.total_steps=2", "rollout.prompts_per_step=4", "rollout.n=4",
 SPECIAL = re.compile(r"<(pad|bos|eos|unk)>")
 
 
+@pytest.mark.slow
 def test_length_metrics(graft_train, metrics_of, tmp_path: Path) -> None:
     graft_train(tmp_path, *ARGS)
     rows = metrics_of(tmp_path)

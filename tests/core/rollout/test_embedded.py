@@ -73,6 +73,7 @@ def test_hook_graft_rollout_end_extras_reach_the_micro_batches(tmp_path: Path,
     assert plugin.seen_extra and all(shape[1] % 64 == 0 for shape in plugin.seen_extra)
 
 
+@pytest.mark.slow
 def test_static_decode_samples_exactly_what_the_trained_model_would(graft_train, metrics_of,
                                                                    tmp_path: Path) -> None:
     """The static-cache copy (fp32 on CPU, as the trainer computes here) draws the same tokens

@@ -33,6 +33,7 @@ def test_the_saved_checkpoint_holds_the_presets_seeded_weights(tmp_path: Path) -
         assert torch.equal(a, b), name
 
 
+@pytest.mark.slow
 def test_a_plugin_that_works_on_meta_weights_passes_on_two_ranks(
         plugin_sites: dict[str, Path], tmp_path: Path) -> None:
     from_path, from_preset = check_plugin_on_checkpoint(
@@ -43,6 +44,7 @@ def test_a_plugin_that_works_on_meta_weights_passes_on_two_ranks(
     assert {row["meta_blind/parameters"] for row in from_path + from_preset} == {count}
 
 
+@pytest.mark.slow
 def test_a_plugin_that_reports_nothing_on_a_checkpoint_fails(plugin_sites: dict[str, Path],
                                                              tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match=r"model.path: step 1 does not report "
@@ -53,6 +55,7 @@ def test_a_plugin_that_reports_nothing_on_a_checkpoint_fails(plugin_sites: dict[
             env=meta_blind_only(plugin_sites))
 
 
+@pytest.mark.slow
 def test_a_plugin_whose_effect_is_lost_on_a_checkpoint_fails(plugin_sites: dict[str, Path],
                                                              tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match=r"step 1: loss is \S+ from model.path but \S+ "

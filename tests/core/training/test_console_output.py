@@ -29,6 +29,7 @@ def summary_value(stdout: str, row: str) -> float:
     return float(match.group(1))
 
 
+@pytest.mark.slow
 def test_piped_output_has_one_whole_line_per_step_and_the_wall_time(graft_train, tmp_path: Path,
                                                                      monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "80")  # what rich assumes for a pipe anyway
@@ -82,6 +83,7 @@ def screen_lines(drawn: str) -> list[str]:
 METRIC = r"(loss|reward|mismatch|gnorm|lr|tok/s|mem_gib) -?[0-9][0-9.e+-]*"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("columns", [80, 200])
 def test_live_display_fits_the_terminal_and_messages_print_above_it(tmp_path: Path,
                                                                     columns: int) -> None:
@@ -130,6 +132,7 @@ def test_console_print_writes_above_the_live_display(tmp_path: Path) -> None:
     assert re.search(r"step \d/2 ", ANSI.sub("", drawn[at:])), "the display is drawn below it"
 
 
+@pytest.mark.slow
 def test_traced_hook_calls_summarise_configs_and_large_arguments(run_graft,
                                                                  tmp_path: Path) -> None:
     result = run_graft(["train", f"trainer.run_dir={tmp_path}", *SFT, "trainer.total_steps=1"],
@@ -143,6 +146,7 @@ def test_traced_hook_calls_summarise_configs_and_large_arguments(run_graft,
     assert max(len(t) for t in traces) < 600
 
 
+@pytest.mark.slow
 def test_ctrl_c_before_the_first_checkpoint_says_the_next_run_starts_over(live_graft,
                                                                           tmp_path: Path) -> None:
     run = live_graft(["train", f"trainer.run_dir={tmp_path / 'run'}", *SFT,

@@ -8,6 +8,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 # RL with one prompt of two answers a step, a sample line per step; the only checkpoint is the
 # last step's (every_steps far away), so a kill at step 3 comes before any checkpoint.
 TINY = ("rollout.prompts_per_step=1", "rollout.n=2", "rollout.max_new_tokens=4",
@@ -27,6 +29,7 @@ def kill_after_step(live_graft, run_dir: Path, step: int, *args: str) -> None:
     run.process.wait()
 
 
+@pytest.mark.slow
 def test_a_rerun_after_a_kill_before_the_first_checkpoint_logs_each_step_once(
         live_graft, graft_train, tmp_path: Path) -> None:
     run_dir = tmp_path / "dup"

@@ -8,9 +8,12 @@ import sys
 from pathlib import Path
 from statistics import mean
 
+import pytest
+
 SMALL = ("rollout.prompts_per_step=4", "rollout.n=4")
 
 
+@pytest.mark.slow
 def test_default_rl_run_improves_the_reward(graft_train, metrics_of, tmp_path: Path) -> None:
     # The README's default run, shortened: 40 of its 200 steps, same settings otherwise.
     graft_train(tmp_path, "trainer.total_steps=40")
@@ -22,6 +25,7 @@ def test_default_rl_run_improves_the_reward(graft_train, metrics_of, tmp_path: P
     assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_rl_on_two_gloo_ranks_with_kl_to_a_reference(graft_train, metrics_of,
                                                      tmp_path: Path) -> None:
     graft_train(tmp_path, "trainer.total_steps=3", *SMALL, "loss.kl_coef=0.1",
@@ -32,6 +36,7 @@ def test_rl_on_two_gloo_ranks_with_kl_to_a_reference(graft_train, metrics_of,
     assert rows[-1]["kl"] > 0, "the policy moved away from the reference"
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_when_the_command_is_rerun(live_graft, metrics_of,
                                                           tmp_path: Path) -> None:
     # No trainer.run_dir: rerunning the same command finds the unfinished run under runs/.
@@ -56,6 +61,7 @@ def test_interrupted_run_resumes_when_the_command_is_rerun(live_graft, metrics_o
     assert [r["step"] for r in metrics_of(run_dir)] == list(range(1, 13))
 
 
+@pytest.mark.slow
 def test_ranks_agree_on_the_micro_batch_count_when_the_planner_needs_more(graft_train,
                                                                          tmp_path: Path) -> None:
     """With a small token budget the planner can return more micro-batches than the count the

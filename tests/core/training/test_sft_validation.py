@@ -73,6 +73,7 @@ def test_epoch_counts_samples_drawn_over_the_dataset(tmp_path: Path,
     assert [row["epoch"] for row in rows] == [3 / 8, 6 / 8, 1 + 1 / 8, 1 + 4 / 8]
 
 
+@pytest.mark.slow
 def test_two_ranks_share_the_held_out_set(tmp_path: Path, data: dict[str, Path]) -> None:
     options = overrides(data, f"data.val_path={data['val']}", "trainer.val_every_steps=1",
                         "trainer.total_steps=1", "trainer.global_batch_size=4")

@@ -25,6 +25,7 @@ def scalar_steps(run_dir: Path, tag: str) -> list[int]:
     return [step for step, _ in scalars(run_dir, tag)]
 
 
+@pytest.mark.slow
 def test_events_hold_each_step_once_after_a_resume(graft_train, metrics_of,
                                                    tmp_path: Path) -> None:
     # step 3 is logged, then done again after resuming from the step-2 checkpoint
@@ -39,15 +40,11 @@ def test_events_hold_each_step_once_after_a_resume(graft_train, metrics_of,
             (row["step"], pytest.approx(row[tag], rel=1e-6)) for row in metrics_of(tmp_path)]
 
 
-def test_without_tensorboard_the_run_is_refused_with_the_pip_command(run_graft,
+def test_without_tensorboard_the_run_is_refused_with_the_pip_command(run_graft, site_without,
                                                                      tmp_path: Path) -> None:
-    site = tmp_path / "site"  # a Python where `import tensorboard` fails, as when not installed
-    (site / "tensorboard").mkdir(parents=True)
-    (site / "tensorboard" / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'tensorboard'\", name='tensorboard')\n")
     run_dir = tmp_path / "run"
     result = run_graft(["train", f"trainer.run_dir={run_dir}", "trainer.total_steps=2", *SFT],
-                       site=site)
+                       site=site_without("tensorboard"))
     assert result.returncode == 2, result.stderr[-3000:]
     assert "trainer.tensorboard=true" in result.stderr
     assert "`pip install tensorboard`" in result.stderr

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from graft.training.timing import RunClock, process_age_s
 
 CHILD = ("import time; time.sleep(1.0); from graft.training.timing import RunClock; "
@@ -36,6 +38,7 @@ def test_a_later_run_counts_from_its_own_start() -> None:
     assert later.seconds() < process_age_s()
 
 
+@pytest.mark.slow
 def test_a_shell_that_sleeps_before_exec_graft_is_not_counted(tmp_path) -> None:
     # The shell's process becomes graft's (exec keeps the kernel's start time): the 4 s it
     # slept before are no part of graft's time to its first step.

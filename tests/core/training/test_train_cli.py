@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 
+@pytest.mark.slow
 def test_default_sft_run_learns_and_writes_the_run_layout(graft_train, metrics_of,
                                                           tmp_path: Path) -> None:
     result = graft_train(tmp_path / "run", "trainer.mode=sft")
@@ -22,6 +23,7 @@ def test_default_sft_run_learns_and_writes_the_run_layout(graft_train, metrics_o
     assert "summary" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3-moe"])
 def test_two_gloo_ranks_follow_the_one_rank_trajectory(graft_train, metrics_of, tmp_path: Path,
                                                        preset: str) -> None:
@@ -35,6 +37,7 @@ def test_two_gloo_ranks_follow_the_one_rank_trajectory(graft_train, metrics_of, 
     assert one[-1]["loss"] < one[0]["loss"]
 
 
+@pytest.mark.slow
 def test_file_dataset_and_pad_to_length(graft_train, metrics_of, tmp_path: Path) -> None:
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i}+{i}=", "answer": str(2 * i)}) + "\n"
@@ -47,6 +50,7 @@ def test_file_dataset_and_pad_to_length(graft_train, metrics_of, tmp_path: Path)
     assert len(metrics_of(tmp_path / "run")) == 3
 
 
+@pytest.mark.slow
 def test_parquet_dataset(graft_train, metrics_of, tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -106,6 +106,7 @@ def test_ep_size_without_an_expert_parallel_family_is_a_config_error(run_graft) 
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_ep_size_must_divide_the_experts_and_the_ranks(run_graft, plugin_sites) -> None:
     site = plugin_sites["moe_ep"]
     result = run_graft(["train", "engine.ep_size=3", "--nproc", "3", "trainer.total_steps=1"],

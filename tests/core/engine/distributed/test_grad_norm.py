@@ -40,6 +40,7 @@ def test_no_clipping_leaves_gradients_alone() -> None:
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "grad_norm_replicas.py"
 
 
+@pytest.mark.slow
 def test_every_element_counts_once_whatever_the_layout(tmp_path: Path) -> None:
     """4 gloo ranks, ``ep=2``: gradients sharded over all ranks, replicated over all ranks,
     split over (efsdp, ep), and replicated over efsdp but split over ep. Before, replicated

@@ -30,6 +30,7 @@ def load(hf_dir: Path, out: Path, ranks: int) -> dict[str, torch.Tensor]:
     return torch.load(out / "weights.pt")
 
 
+@pytest.mark.slow
 def test_two_ranks_load_exactly_what_one_rank_and_the_files_hold(hf_dir: Path,
                                                                  tmp_path: Path) -> None:
     one, two = load(hf_dir, tmp_path / "one", 1), load(hf_dir, tmp_path / "two", 2)

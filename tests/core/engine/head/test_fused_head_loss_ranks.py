@@ -26,6 +26,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", ["ppo", "sft"])
 @pytest.mark.parametrize("mode", BUILTIN_AGG_MODES)
 def test_two_ranks_fused_equals_unfused(results: Path, loss: str, mode: str) -> None:
