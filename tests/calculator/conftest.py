@@ -1,7 +1,7 @@
 """Fixtures: a tiny random Llama with a word-level tokenizer of the calculator's vocabulary
 (digits, operators, the tool's tags as single tokens), saved as a local Hugging Face
 checkpoint; and one whose tokenizer has the Hermes-style chat template of
-tests/multiturn/templates/hermes.jinja, its pieces as single tokens (as a BPE trained on such
+graft_multiturn.templates (hermes), its pieces as single tokens (as a BPE trained on such
 conversations merges them: the tool list, the call up to its expression, the call's end)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from graft_multiturn.templates import chat_template
 
-HERMES_TEMPLATE = Path(__file__).parents[1] / "multiturn" / "templates" / "hermes.jinja"
 CALL_OPEN = '<tool_call>{"name": "calculator", "arguments": {"expression": "'
 CALL_CLOSE = '"}}</tool_call>'
 SPECIAL = ["<|im_start|>", "<|im_end|>"]
@@ -53,7 +53,7 @@ def calculator_checkpoint(folder: Path, hermes: bool = False) -> Path:
         tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>",
                                             eos_token="<|im_end|>", pad_token="<pad>",
                                             additional_special_tokens=SPECIAL[:1])
-        tokenizer.chat_template = HERMES_TEMPLATE.read_text()
+        tokenizer.chat_template = chat_template("hermes")
     else:
         tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>",
                                             eos_token="<eos>", pad_token="<pad>")

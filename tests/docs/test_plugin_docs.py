@@ -117,8 +117,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 # The doc's tiny chat model for its tool-calling environment (a python -c line).
-WRITE_CHAT_MODEL = ("python -c from graft.testing import write_chat_checkpoint; "
-                    "write_chat_checkpoint('chat-model', tools=True)")
+WRITE_CHAT_MODEL = ("python -c from graft.testing import write_chat_checkpoint; from "
+                    "graft_multiturn.templates import chat_template; write_chat_checkpoint("
+                    "'chat-model', chat_template=chat_template('hermes'))")
 # What to check in the output of each command the doc shows (beyond exit code 0).
 EXPECTED = {
     "graft plugins": ("myfeature", "graft-myfeature", "features.myfeature"),

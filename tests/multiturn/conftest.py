@@ -1,18 +1,17 @@
-"""Fixtures: chat templates written here that behave like the public families (templates/:
-append-only Hermes/Qwen2.5-style with tools, a thinking template that drops earlier
-``<think>`` blocks like Qwen3.5, harmony-style channels like GPT-OSS), each with a small
+"""Fixtures: graft-multiturn's chat templates that behave like the public families
+(`graft_multiturn.templates`: append-only Hermes/Qwen2.5-style with tools, a thinking template
+that drops earlier ``<think>`` blocks like Qwen3.5, harmony-style channels like GPT-OSS), each with a small
 byte-level BPE tokenizer trained here on its own renderings (the ``tokenizers`` library, no
 downloads), and a scripted rollout engine that generates given token ids turn by turn."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from graft_multiturn.templates import chat_template
 
-TEMPLATES = Path(__file__).parent / "templates"
 CHATML = {"special": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
           "added": ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
                     "<think>", "</think>", "<tools>", "</tools>"],
@@ -39,7 +38,7 @@ def train_tokenizer(family: str) -> Any:
     from transformers import PreTrainedTokenizerFast
 
     spec = FAMILIES[family]
-    template = (TEMPLATES / f"{family}.jinja").read_text()
+    template = chat_template(family)
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()

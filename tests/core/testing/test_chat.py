@@ -1,32 +1,26 @@
-"""graft.testing's local chat checkpoint: Qwen's template, and its tool-calling one."""
+"""graft.testing's local chat checkpoint: Qwen's template, another given, or none."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from graft.testing import write_chat_checkpoint
+from graft.testing.chat import CHAT_TEMPLATE
 
-CALL = {"type": "function", "function": {"name": "f", "arguments": {"x": "a"}}}
-TOOL = {"type": "function", "function": {"name": "f", "description": "F.", "parameters": {
-    "type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}}}
+SHOUT = "{%- for message in messages %}{{- message['content'] | upper }}{%- endfor %}"
 
 
-def test_the_tools_template_renders_tools_calls_and_results_and_else_as_qwens(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize(("chat_template", "saved"), [(True, CHAT_TEMPLATE), (SHOUT, SHOUT),
+                                                      (False, None)])
+def test_the_checkpoint_saves_the_chat_template_asked_for(tmp_path: Path, chat_template,
+                                                          saved) -> None:
     from transformers import AutoTokenizer
 
-    plain = AutoTokenizer.from_pretrained(write_chat_checkpoint(tmp_path / "plain"))
-    tools = AutoTokenizer.from_pretrained(write_chat_checkpoint(tmp_path / "tools", tools=True))
-    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}]
-    assert tools.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
-        plain.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-    called = chat[:2] + [{"role": "assistant", "content": "", "tool_calls": [CALL]},
-                         {"role": "tool", "name": "f", "content": "1"}]
-    text = tools.apply_chat_template(called, tools=[TOOL], tokenize=False,
-                                     add_generation_prompt=True)
-    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools") and '"name": "f"' in text
-    assert text.endswith('<|im_start|>assistant\n\n<tool_call>\n{"name": "f", "arguments": '
-                         '{"x": "a"}}\n</tool_call><|im_end|>\n<|im_start|>user\n'
-                         '<tool_response>\n1\n</tool_response><|im_end|>\n'
-                         '<|im_start|>assistant\n')
+    tokenizer = AutoTokenizer.from_pretrained(
+        write_chat_checkpoint(tmp_path, chat_template=chat_template))
+    assert tokenizer.chat_template == saved
+    if saved == SHOUT:
+        assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}],
+                                             tokenize=False) == "HI"

@@ -20,43 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHAT_TEMPLATE", "TOOLS_CHAT_TEMPLATE", "MathRow", "gsm8k_rows",
-           "write_chat_checkpoint", "write_trl_jsonl", "write_verl_parquet"]
+__all__ = ["CHAT_TEMPLATE", "MathRow", "gsm8k_rows", "write_chat_checkpoint", "write_trl_jsonl",
+           "write_verl_parquet"]
 
 # Qwen2.5/Qwen3's template without tools and thinking: every message as
 # <|im_start|>{role}\n{content}<|im_end|>\n, then the assistant's header as the generation prompt.
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-# Qwen2.5's template with tools (Hermes-style): the tool list in the system turn, a call as
-# <tool_call>{json}</tool_call> in the assistant's turn, results as <tool_response> in a user
-# turn; without tools and tool messages it renders as CHAT_TEMPLATE does.
-TOOLS_CHAT_TEMPLATE = (
-    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n\\nYou may call functions to assist with the user query.\\n\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each call, return a JSON object with the function name and "
-    "arguments within <tool_call></tool_call> tags.<|im_end|>\\n' }}{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'system' and tools %}"
-    "{%- elif message.role == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}"
-    "{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}"
-    "{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- elif message.role == 'assistant' %}"
-    "{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
-    "{%- for call in message.tool_calls or [] %}{{- '\\n<tool_call>\\n{\"name\": \"' + "
-    "call.function.name + '\", \"arguments\": ' + (call.function.arguments | tojson) + "
-    "'}\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
-    "{%- else %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
-    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
@@ -112,19 +83,19 @@ def train_tokenizer(vocab_size: int = 512) -> Any:
     return tokenizer
 
 
-def write_chat_checkpoint(folder: str | Path, *, seed: int = 0, chat_template: bool = True,
-                          tools: bool = False) -> Path:
+def write_chat_checkpoint(folder: str | Path, *, seed: int = 0,
+                          chat_template: bool | str = True) -> Path:
     """Save a tiny random Qwen3 (hidden 64, 2 layers, 4 heads of 16, 2 KV heads) and a BPE
-    tokenizer with Qwen's chat template (with ``tools``: its tool-calling one,
-    `TOOLS_CHAT_TEMPLATE`; none with ``chat_template=False``) as a Hugging Face directory;
-    return it."""
+    tokenizer with Qwen's chat template (another with ``chat_template=TEMPLATE``, such as a
+    tool-calling one; none with ``chat_template=False``) as a Hugging Face directory; return
+    it."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
     tokenizer = train_tokenizer()
-    tokenizer.chat_template = (TOOLS_CHAT_TEMPLATE if tools else CHAT_TEMPLATE
-                               ) if chat_template else None
+    if chat_template is not True:
+        tokenizer.chat_template = chat_template or None
     config = AutoConfig.for_model(
         "qwen3", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,

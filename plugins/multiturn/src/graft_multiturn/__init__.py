@@ -7,7 +7,8 @@ implement, `Environment`, `EnvironmentFactory`, `Observation` and `MalformedActi
 (`graft_multiturn.environment`, no torch); the runner the plugin's ``graft_episode_runner``
 builds, `EpisodeRunner`, `EpisodeBatch` and `EpisodeLimits` (`graft_multiturn.episodes`, loaded
 on first use: they import torch); `environments` (the registry's factories by name) and
-`build_episode_runner` (the runner a config asks for).
+`build_episode_runner` (the runner a config asks for). `graft_multiturn.templates`: chat
+templates like the public families' (Hermes-style, thinking, harmony) to test environments on.
 """
 
 from graft import lazy_attributes
