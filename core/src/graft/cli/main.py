@@ -37,10 +37,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS:
         module.add_parser(subparsers)
-    if argv is not None and _command_word(argv) not in CORE_COMMANDS:
-        for command in plugin_commands(_global_disabled(argv)):
+    command, disabled = _command_word(argv or ())
+    if argv is not None and command not in CORE_COMMANDS:
+        for plugin_command in plugin_commands(disabled):
             try:
-                command.add_parser(subparsers)
+                plugin_command.add_parser(subparsers)
             except argparse.ArgumentError as exc:
                 raise PluginError(f"a plugin's graft_cli_commands adds a command named like "
                                   f"another ({exc}); uninstall or disable one of the two "
@@ -57,26 +58,16 @@ def plugin_commands(disabled: Sequence[str] = ()) -> list[object]:
             for command in result]
 
 
-def _command_word(argv: Sequence[str]) -> str | None:
-    """The command ``argv`` names: its first word that is no option or an option's value."""
-    words = iter(argv)
-    for word in words:
-        if word == "--disable-plugin":
-            next(words, None)
-        elif not word.startswith("-"):
-            return word
-    return None
-
-
-def _global_disabled(argv: Sequence[str]) -> list[str]:
-    """The ``--disable-plugin NAME`` values before the command word."""
+def _command_word(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """The command ``argv`` names (its first word that is no option or an option's value), and
+    the ``--disable-plugin NAME`` values before it."""
     disabled, words = [], iter(argv)
     for word in words:
         if word == "--disable-plugin":
             disabled.append(next(words, ""))
         elif not word.startswith("-"):
-            break
-    return disabled
+            return word, disabled
+    return None, disabled
 
 
 def main(argv: Sequence[str] | None = None) -> int:
