@@ -19,12 +19,11 @@ import json
 import re
 import sys
 import textwrap
-import types
 import typing
 from pathlib import Path
 from typing import Any
 
-from graft.config import Range, schema_config
+from graft.config import Range, describe_type, schema_config, valid_choices
 from graft.plugins import get_plugin_manager
 
 OUTPUT = Path(__file__).with_name("config.md")
@@ -63,27 +62,13 @@ def markdown_text(text: str) -> str:
                    part.replace("<", "&lt;").replace("*", "\\*") for part in parts)
 
 
-def type_name(tp: Any) -> str:
-    """``int``, ``float or null``, ``list of str``, ``mapping``."""
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else type_name(a) for a in args)
-    if typing.get_origin(tp) in (list, tuple):
-        return f"list of {type_name(args[0])}" if args else "list"
-    if typing.get_origin(tp) is dict or tp is dict:
-        return "mapping"
-    return "any" if tp is Any else getattr(tp, "__name__", str(tp))
-
-
 def allowed(f: dataclasses.Field, manager: Any) -> str:
     """The values a field accepts: its choices (and registry), or its range."""
     if "choices" in f.metadata:
         names = list(f.metadata["choices"])
         registry = f.metadata.get("registry")
         if registry:
-            from graft.config.compose import valid_choices  # the names a run would accept
-
-            names = valid_choices(f, manager)
+            names = valid_choices(f, manager)  # the names a run would accept
         listed = ", ".join(f"`{name}`" for name in names)
         return listed + (f" (registry `{registry}`: plugins add names)" if registry else "")
     limits: Range | None = f.metadata.get("range")
@@ -109,7 +94,7 @@ def section_rows(cls: type, prefix: str, manager: Any) -> tuple[list[str], list[
         if dataclasses.is_dataclass(hints[f.name]):
             nested.append((f"{prefix}{f.name}", hints[f.name]))
             continue
-        rows.append(f"| `{prefix}{f.name}` | {type_name(hints[f.name])} | "
+        rows.append(f"| `{prefix}{f.name}` | {describe_type(hints[f.name])} | "
                     f"{allowed(f, manager)} | {default_text(f)} | "
                     f"{markdown_text(comments.get(f.name, ''))} |")
     return rows, nested

@@ -85,6 +85,8 @@ def test_wrong_type_names_key_expected_type_and_value(bare: GraftPluginManager) 
         compose(["trainer.total_steps=abc"], manager=bare)
     assert "'trainer.total_steps'" in str(info.value)
     assert "expects int, got 'abc' (str)" in str(info.value)
+    with pytest.raises(ConfigError, match=r"'loss.clip_ratio_c' .* expects float or null, got"):
+        compose(["loss.clip_ratio_c=abc"], manager=bare)
 
 
 def test_value_outside_choices_lists_valid_values(bare: GraftPluginManager) -> None:

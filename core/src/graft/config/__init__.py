@@ -4,8 +4,8 @@ A leaf: it imports no other graft package; it reaches the plugins through the ma
 given (`graft.config.hooks`).
 """
 
-from graft.config.compose import compose, schema_config, to_yaml
-from graft.config.keys import MOVED_KEYS, MovedKey, register_moved_key, was_set
+from graft.config.compose import compose, schema_config, to_yaml, valid_choices
+from graft.config.keys import MOVED_KEYS, MovedKey, describe_type, register_moved_key, was_set
 from graft.config.ranges import Range, bounded
 from graft.config.schema import (
     AlgorithmConfig,
@@ -42,8 +42,10 @@ __all__ = [
     "bounded",
     "choice",
     "compose",
+    "describe_type",
     "register_moved_key",
     "schema_config",
     "to_yaml",
+    "valid_choices",
     "was_set",
 ]

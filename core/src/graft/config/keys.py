@@ -9,6 +9,7 @@ through `check_key` first, whatever its prefix, after `check_moved` (keys that m
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
@@ -168,10 +169,16 @@ def _strip_optional(tp: Any) -> Any:
 
 
 def describe_type(tp: Any) -> str:
-    """A readable name for a schema type: ``int``, ``list of float``, ``mapping``, ``section``."""
+    """A readable name for a schema type: ``int``, ``float or null``, ``list of float``,
+    ``mapping``, ``a section (mapping)``, ``any``."""
     if dataclasses.is_dataclass(tp):
         return "a section (mapping)"
     origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if arg is type(None) else describe_type(arg)
+                           for arg in typing.get_args(tp))
+    if tp is Any:
+        return "any"
     if origin in (list, tuple):
         inner = typing.get_args(tp)
         return f"list of {describe_type(inner[0])}" if inner else "list"
