@@ -5,7 +5,8 @@ trainer's forward casts to under mixed precision), so generation runs without FS
 collectives and transformers can compile its decode step. `refresh` copies the trained weights in
 (gathered from their shards, one tensor at a time); the rollout engine calls it after each update.
 A parameter that does not train (``requires_grad`` False: a frozen base under adapters) cannot
-have changed, so only the first refresh copies it; what a plugin computes at each export
+have changed, so only the first refresh copies it (a resumed or rollout-worker build reads it
+from the same seed or ``model.path`` before the copy exists); what a plugin computes at each export
 (``graft_export_entries``: merged adapters) is computed and copied every time.
 """
 
