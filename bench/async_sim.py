@@ -57,8 +57,8 @@ class Setup:
     sync_inter_node_gb_per_s: float = 1e9
     sync_latency_s: float = 0.0
     gpus_per_node: int = 8
-    cpu_cores: float = 0.0  # >0: every process shares these cores (a busy one runs at min(1, cores/busy))
-    cpu_busy_wait: bool = False  # with cpu_cores: a waiting process polls, so every process counts as busy
+    cpu_cores: float = 0.0  # >0: the processes share these cores: each busy one (generating, or a trainer
+    # updating or syncing) runs at min(1, cores / busy); one waiting for data or weights uses none
     extra: dict = field(default_factory=dict)  # source, notes: ignored by the model
 
     @classmethod
@@ -170,8 +170,8 @@ class Simulation:
         speed and reschedule it at the new one (processor sharing: each runs at min(1, cores / busy))."""
         if not self.s.cpu_cores:
             return
-        busy = sum(self.s.gpus_per_engine for e in self.engines if e.live)
-        busy = self.p.gpus if self.s.cpu_busy_wait else busy + self.train_gpus * self.trainer_busy
+        busy = (sum(self.s.gpus_per_engine for e in self.engines if e.live)
+                + self.train_gpus * self.trainer_busy)
         speed = min(1.0, self.s.cpu_cores / max(busy, 1))
         if speed == self.speed:
             return
@@ -414,10 +414,14 @@ def main(argv: list | None = None) -> int:
               "(published 356.30 -> 150.63)")
         print(json.dumps(res["assumptions"], indent=1))
     elif a.measured:
-        res = inputs.compare_measured(json.loads(a.measured.read_text()), a.measured.parent)
-        for mode, r in res.items():
+        spec = json.loads(a.measured.read_text())
+        modes = inputs.compare_measured(spec, a.measured.parent)
+        for mode, r in modes.items():
             print(f"{mode}: predicted {r['predicted_step_time_s']:.3f} s, measured "
                   f"{r['measured_step_time_s']:.3f} s, error {r['error']:+.1%}")
+        # the spec's record (measures, device, date, headline) makes the result a bench/README row
+        res = {**spec.get("record", {}), "modes": modes,
+               "command": "python3 bench/async_sim.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     elif a.predict:
         res = inputs.predictions(a.max_staleness)
         (a.out or RESULTS / "predictions.json").write_text(json.dumps(res, indent=1) + "\n")

@@ -15,8 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import shutil
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -220,46 +224,63 @@ def _mean(rows: list, key: str) -> float:
     return statistics.fmean(r.get(key, 0.0) for r in rows)
 
 
+def _metrics_files(base: Path, pattern: str) -> list:
+    """The metrics.jsonl files a spec or a run folder names: a path, or a glob (one per round)."""
+    files = sorted(base.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"no metrics file matches {base / pattern}")
+    return files
+
+
 def measured_step_times(spec: dict, base: Path) -> dict:
-    """Mean step_time_s per mode: given, or from a metrics.jsonl (steps after ``skip_steps``, default 1,
-    up to ``last_step``, default the last)."""
+    """Mean step_time_s per mode: given, or from metrics.jsonl files (a path or a glob: every round's
+    steps after ``skip_steps``, default 1, up to ``last_step``, default the last)."""
     out = {}
     for mode, m in spec["modes"].items():
         if "step_time_s" in m:
-            out[mode] = float(m["step_time_s"])
+            out[mode] = [float(m["step_time_s"])]
         else:
-            rows = _rows(base / m["metrics"], m.get("skip_steps", 1) + 1, m.get("last_step"))
-            out[mode] = _mean(rows, "step_time_s")
+            out[mode] = [_mean(_rows(f, m.get("skip_steps", 1) + 1, m.get("last_step")), "step_time_s")
+                         for f in _metrics_files(base, m["metrics"])]
     return out
 
 
 def compare_measured(spec: dict, base: Path, steps: int = 4, warmup: int = 2) -> dict:
-    """Predicted vs measured step time per mode. spec: {"inputs": FILE, "gpus": N, "modes": {name:
-    {"kind", "gpus", "rollout_gpus", "max_staleness", "partial", "recompute",
-    "step_time_s" | "metrics" [, "skip_steps", "last_step"]}} [, "steps", "warmup"]} (simulated steps)."""
+    """Predicted vs measured step time per mode (the mean over the rounds; each round's mean too).
+    spec: {"inputs": FILE, "gpus": N, "modes": {name: {"kind", "gpus", "rollout_gpus", "max_staleness",
+    "partial", "recompute", "step_time_s" | "metrics" [, "skip_steps", "last_step"]}} [, "steps",
+    "warmup"]} (simulated steps)."""
     setup = load_setup(base / spec["inputs"])
     steps, warmup = spec.get("steps", steps), spec.get("warmup", warmup)
     meas, out = measured_step_times(spec, base), {}
     for mode, m in spec["modes"].items():
         pipe = preset(m.get("kind", mode), m.get("gpus", spec["gpus"]), m.get("rollout_gpus", 0),
                       m.get("max_staleness", 4), m.get("partial", False), m.get("recompute", True))
-        pred = simulate(setup, pipe, steps, warmup)
-        out[mode] = {"predicted_step_time_s": pred["step_time_s"], "measured_step_time_s": meas[mode],
-                     "error": pred["step_time_s"] / meas[mode] - 1,
+        pred, mean = simulate(setup, pipe, steps, warmup), statistics.fmean(meas[mode])
+        out[mode] = {"predicted_step_time_s": pred["step_time_s"], "measured_step_time_s": mean,
+                     "error": pred["step_time_s"] / mean - 1, "measured_rounds_s": meas[mode],
                      "predicted_trainer_idle_share": pred["trainer_idle_share"]}
     return out
 
 
-def cpu_inputs(runs: Path, cores: float = 2.0, n: int = 8, ranks: int = 2) -> dict:
-    """inputs_cpu.json from ``graft train`` runs on CPU, saved as ``runs/<name>/metrics.jsonl``:
-    colocated on ``ranks`` ranks at 8, 16 and 32 prompts per step (``colo8``, ``colo16``, ``colo32``),
-    ``colo16_always`` (old log-probs recomputed), and ``k1``/``k4`` (graft-async-rl, 1 worker)."""
-    colo = {p: _rows(runs / f"colo{p}" / "metrics.jsonl") for p in (8, 16, 32)}
-    base, always = colo[16], _rows(runs / "colo16_always" / "metrics.jsonl")
-    asyn = [r for k in ("k1", "k4") for r in _rows(runs / k / "metrics.jsonl") if "weight_sync_s" in r]
+def cpu_inputs(runs: Path, cores: float = 2.0, n: int = 8, ranks: int = 2, first: int = 3,
+               last: int = 23) -> dict:
+    """inputs_cpu.json from ``graft train`` runs on CPU (``run_cpu``), saved as
+    ``runs/<round>/<name>/metrics.jsonl`` (or ``runs/<name>/``): colocated on ``ranks`` ranks at 8, 16
+    and 32 prompts per step (``colo8``, ``colo16``, ``colo32``), ``colo16_always`` (old log-probs
+    recomputed), and ``k0`` (graft-async-rl, 1 worker, on-policy: the weight sync). Every mean is
+    over the steps ``first..last`` of every round."""
+    def rows(name: str) -> list:
+        pattern = f"{name}/metrics.jsonl" if (runs / name).is_dir() else f"*/{name}/metrics.jsonl"
+        return [r for f in _metrics_files(runs, pattern) for r in _rows(f, first, last)]
+
+    colo = {p: rows(f"colo{p}") for p in (8, 16, 32)}
+    base, always, k0 = colo[16], rows("colo16_always"), rows("k0")
     trunc, mean_len = _mean(base, "response_truncated_fraction"), _mean(base, "response_length")
     cap, short = int(round(_mean(base, "response_length_max"))), round(200 * (1 - trunc))
     lengths = [cap] * (200 - short) + [1 + i * (cap - 2) // max(short - 1, 1) for i in range(short)]
+    loads = {str(f.parent.relative_to(runs)): round(cpu_window(f.parent, first, last)["other_cores"], 2)
+             for f in sorted(runs.glob("**/cpu.json"))}
     data = {
         "decode_table": [[p * n // ranks, round(_mean(r, "rollout_s") / _mean(r, "response_length_max"), 6)]
                          for p, r in colo.items()],
@@ -269,33 +290,135 @@ def cpu_inputs(runs: Path, cores: float = 2.0, n: int = 8, ranks: int = 2) -> di
         "logprob_pass_fraction": round(_mean(always, "update_s") / _mean(base, "update_s") - 1, 4),
         "step_overhead_s": round(_mean(base, "step_time_s") - _mean(base, "rollout_s")
                                  - _mean(base, "update_s"), 4),
-        "weight_gb": round(_mean(asyn, "async_rl/weight_sync_gb"), 6), "prompts_per_step": 16,
-        "sync_intra_node_gb_per_s": round(_mean(asyn, "async_rl/weight_sync_gb")
-                                          / _mean(asyn, "weight_sync_s"), 5),
+        "weight_gb": round(_mean(k0, "async_rl/weight_sync_gb"), 6), "prompts_per_step": 16,
+        "sync_intra_node_gb_per_s": round(_mean(k0, "async_rl/weight_sync_gb") / _mean(k0, "weight_sync_s"),
+                                          5),
         "group_size": n, "max_seqs_per_engine": 16 * n, "continuous": False, "gpus_per_engine": 1,
-        "cpu_cores": cores, "cpu_busy_wait": True}
+        "cpu_cores": cores}
     data["source"] = {
-        "runs": "graft train on this 2-core CPU, tiny default preset, gloo, embedded engine, 24 steps, "
-                "rollout.seeded_sampling=true; every mean over steps >= 2 (metrics in " + runs.name + "/)",
+        "runs": f"python3 bench/async_sim_inputs.py --run: graft train on this {cores:g}-core CPU, tiny "
+                "default preset, gloo, embedded engine, 24 steps, rollout.seeded_sampling=true, every "
+                f"rank one thread (torchrun's OMP_NUM_THREADS=1); every mean over steps {first}-{last} of "
+                f"each round ({runs.name}/<round>/<run>/metrics.jsonl, each rank's CPU time in cpu.json)",
+        "other_cores": "cores used by other work on the machine during each run's steps "
+                       f"{first}-{last} (/proc/stat busy less the run's processes): {loads}",
         "decode_table": f"colo8/16/32: mean rollout_s / mean response_length_max per step, at prompts x {n} "
-                        f"/ {ranks} sequences per rank (the 'engine'): prefill, sampling, reward included",
+                        f"/ {ranks} sequences per rank (the 'engine', with the other rank generating too): "
+                        "prefill and sampling included, reward not",
         "lengths": f"colo16: {trunc:.1%} of responses truncated at {cap} (response_truncated_fraction), "
                    f"the rest spread evenly over 1..{cap - 1}; measured mean {mean_len:.2f}",
         "update_tokens_per_s_per_gpu": "colo16: tokens / update_s per rank (2 ranks, 1 core each)",
         "logprob_pass_fraction": "colo16_always update_s / colo16 update_s - 1",
         "step_overhead_s": "colo16: step_time_s - rollout_s - update_s",
-        "sync": "k1 and k4: async_rl/weight_sync_gb / weight_sync_s (gather + gloo broadcast of a tiny "
-                "model: latency-bound, as a rate), measured with 3 processes on 2 cores; colocated: none "
-                "(weight_sync_s is 0: the engine shares the weights)",
-        "cpu_cores": "3 processes (2 trainers + 1 worker) share 2 cores: each runs at cores / processes. "
-                     "cpu_busy_wait: a waiting rank polls (gloo); a k=0 run's worker, waiting ~75% of "
-                     "the time, used as much CPU as a trainer (/proc/PID/stat), so all 3 count as busy"}
+        "sync": "k0: async_rl/weight_sync_gb / weight_sync_s (gather + gloo broadcast of a tiny model: "
+                "latency-bound, as a rate), the trainers syncing while the worker waits for the weights "
+                "(nothing else busy); colocated: none (weight_sync_s is 0: the engine shares the weights)",
+        "cpu_cores": "the ranks share the cores: a busy one (generating, updating, syncing) runs at "
+                     "min(1, cores / busy ranks), a waiting one uses none: in every round a rank's CPU "
+                     "time (cpu.json) is its busy time (k0's worker, generating ~25% of a step, used "
+                     "~0.25 cores), not its wall time"}
     return data
+
+
+# ---------------------------------------------------------------- the CPU runs, with each rank's CPU time
+ASYNC = ["features.async_rl.workers=1"]
+CPU_RUNS = {"colo8": (2, ["rollout.prompts_per_step=8"]), "colo16": (2, []),
+            "colo32": (2, ["rollout.prompts_per_step=32"]),
+            "colo16_always": (2, ["algorithm.old_logprobs=always"]),
+            **{f"k{k}": (3, [*ASYNC, f"features.async_rl.max_staleness={k}"]) for k in (0, 1, 4)}}
+CPU_COMMON = ["checkpoint.every_steps=0", "checkpoint.save_at_end=false", "export.hf_at_end=false",
+              "rollout.seeded_sampling=true", "trainer.total_steps=24"]
+
+
+def _proc_ticks(marker: str) -> tuple:
+    """({rank: CPU ticks}, CPU ticks of the run's other processes) of the processes whose environment
+    holds ``GRAFT_ASYNC_SIM=marker``, and the machine's busy ticks (/proc/stat, idle and iowait out)."""
+    ranks, rest = {}, 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                       if b"=" in e)
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if env.get(b"GRAFT_ASYNC_SIM") == marker.encode():
+            ticks = int(stat[11]) + int(stat[12])
+            if b"LOCAL_RANK" in env:
+                ranks[int(env[b"RANK"])] = ticks
+            else:
+                rest += ticks
+    cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return ranks, rest, sum(cpu) - cpu[3] - cpu[4]
+
+
+def run_cpu(out: Path, name: str) -> Path:
+    """One ``graft train`` of ``CPU_RUNS[name]`` into ``out/name`` (metrics.jsonl), with cpu.json: at
+    each step's end (a metrics line), the wall time, each rank's CPU seconds, the CPU seconds of
+    the launcher and of the whole machine (the rest is other work sharing the cores)."""
+    nproc, over = CPU_RUNS[name]
+    run = out / name
+    shutil.rmtree(run, ignore_errors=True)  # a run folder is resumed, and its metrics appended to
+    out.mkdir(parents=True, exist_ok=True)
+    marker = str(run.resolve())
+    env = dict(os.environ, GRAFT_ASYNC_SIM=marker)
+    cmd = ["graft", "train", "--nproc", str(nproc), f"trainer.run_dir={marker}", *CPU_COMMON, *over]
+    log = out / f"{name}.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        marks, seen, hz = [], -1, os.sysconf("SC_CLK_TCK")
+        while proc.poll() is None:
+            metrics = run / "metrics.jsonl"
+            lines = metrics.read_text().count("\n") if metrics.exists() else 0
+            if lines != seen:
+                seen, (ranks, rest, busy) = lines, _proc_ticks(marker)
+                marks.append({"t": time.perf_counter(), "steps": lines,
+                              "ranks": {r: v / hz for r, v in ranks.items()},
+                              "launcher": (rest + sum(os.times()[:2]) * hz) / hz, "machine": busy / hz})
+            time.sleep(0.02)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}); see {log}")
+    (run / "cpu.json").write_text(json.dumps({"command": " ".join(cmd), "marks": marks}) + "\n")
+    log.unlink()
+    for path in run.iterdir():  # the samples, config and exports: not kept with the results
+        if path.name not in ("metrics.jsonl", "cpu.json"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return run
+
+
+def cpu_window(run: Path, first: int, last: int) -> dict:
+    """Cores used between the end of step ``first - 1`` and the end of step ``last``: each rank's,
+    and the others' (the machine's busy time less the run's)."""
+    marks = json.loads((run / "cpu.json").read_text())["marks"]
+    a = next(m for m in marks if m["steps"] >= first - 1)
+    b = next(m for m in marks if m["steps"] >= last)
+    wall = b["t"] - a["t"]
+    ranks = {r: (b["ranks"][r] - a["ranks"][r]) / wall for r in sorted(a["ranks"])}
+    run_s = sum(b["ranks"].values()) - sum(a["ranks"].values()) + b["launcher"] - a["launcher"]
+    return {"wall_s": wall, "rank_cores": ranks, "other_cores": (b["machine"] - a["machine"] - run_s) / wall}
+
+
+def run_rounds(out: Path, names: list, rounds: int = 3, max_other: float = 0.15, tries: int = 4) -> None:
+    """``rounds`` rounds of the named runs into ``out/r<i>/``, each run repeated (up to ``tries``)
+    while other work used more than ``max_other`` cores during its steps 3-23."""
+    for i in range(1, rounds + 1):
+        for name in names:
+            for _ in range(tries):
+                window = cpu_window(run_cpu(out / f"r{i}", name), 3, 23)
+                print(f"r{i}/{name}: {window['wall_s'] / 21:.3f} s a step, other work "
+                      f"{window['other_cores']:.2f} cores", flush=True)
+                if window["other_cores"] <= max_other:
+                    break
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description="Write inputs_cpu.json from CPU runs (see cpu_inputs).")
     ap.add_argument("--cpu-inputs", type=Path, default=RESULTS / "cpu", help="folder of the runs' metrics")
+    ap.add_argument("--run", nargs="*", metavar="NAME", help=f"first run these of {', '.join(CPU_RUNS)} "
+                    "(none named: all) into the folder's r1, r2, ..., each with its CPU time (cpu.json)")
+    ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
+    if a.run is not None:
+        a.cpu_inputs.mkdir(parents=True, exist_ok=True)
+        run_rounds(a.cpu_inputs, a.run or list(CPU_RUNS), a.rounds)
     (RESULTS / "inputs_cpu.json").write_text(json.dumps(cpu_inputs(a.cpu_inputs), indent=1) + "\n")
     print((RESULTS / "inputs_cpu.json").read_text())

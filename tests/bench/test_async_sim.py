@@ -1,7 +1,7 @@
 """bench/async_sim.py, the async-RL pipeline event model (issue 38, item 6), and
 bench/async_sim_inputs.py, its inputs and checks: hand-computed cases, the staleness bound, idle
-shares, processes sharing CPU cores, verl's published ratio within 20%, the ``--measured`` path and
-the CPU inputs on synthetic runs, and the CLI."""
+shares, processes sharing CPU cores (a waiting one uses none), the CPU runs' per-rank CPU
+accounting, verl's published ratio within 20%, the ``--measured`` path over rounds, and the CLI."""
 
 from __future__ import annotations
 
@@ -104,6 +104,27 @@ def test_processes_sharing_cores_run_at_cores_over_busy(cores):
     assert m["trainer_idle_share"] == pytest.approx(0.0, abs=1e-9)
 
 
+def test_a_waiting_process_uses_no_core():
+    """k = 0, one worker and two trainers on 2 cores: they never run at once, so each runs at full
+    speed and the step is gen + train + sync (a waiting rank is not counted as busy)."""
+    s = constant(update_tokens_per_s_per_gpu=[[2, 3200.0]], cpu_cores=2)
+    m = sim.simulate(s, sim.preset("fully_async", 3, 1, k=0, partial=False, recompute=False),
+                     steps=3, warmup=3)
+    train = PROMPTS * GROUP * LENGTH / (3200.0 * 2)
+    assert m["step_time_s"] == pytest.approx(LENGTH * STEP + train + 1.0 / 4.0 + 0.05)
+
+
+def test_cpu_window_splits_the_machine_into_ranks_and_other_work(tmp_path):
+    marks = [{"t": 0.0, "steps": 1, "ranks": {"0": 1.0, "1": 1.0}, "launcher": 0.5, "machine": 10.0},
+             {"t": 1.0, "steps": 2, "ranks": {"0": 1.5, "1": 1.4}, "launcher": 0.6, "machine": 11.5},
+             {"t": 3.0, "steps": 4, "ranks": {"0": 2.5, "1": 2.2}, "launcher": 0.7, "machine": 13.9}]
+    (tmp_path / "cpu.json").write_text(json.dumps({"command": "graft train", "marks": marks}))
+    w = sim_inputs.cpu_window(tmp_path, 3, 4)  # from the end of step 2 to the end of step 4
+    assert w["wall_s"] == pytest.approx(2.0)
+    assert w["rank_cores"] == pytest.approx({"0": 0.5, "1": 0.4})
+    assert w["other_cores"] == pytest.approx((2.4 - 1.8 - 0.1) / 2.0)
+
+
 def test_verl_published_ratio_within_20_percent():
     res = sim_inputs.check_verl()
     assert abs(res["predicted_ratio"] / 2.35 - 1) < 0.20
@@ -120,14 +141,27 @@ def test_measured_path_reports_the_error(tmp_path):
             "modes": {"colocated": {"metrics": "metrics.jsonl"},
                       "k1": {"kind": "one_step_off", "rollout_gpus": 1, "step_time_s": 1.0}}}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    assert sim_inputs.measured_step_times(spec, tmp_path)["colocated"] == pytest.approx(1.5)
+    assert sim_inputs.measured_step_times(spec, tmp_path)["colocated"] == pytest.approx([1.5])
+    for i, shift in enumerate((0.0, 0.3)):  # rounds, named by a glob: their means are averaged
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "metrics.jsonl").write_text("\n".join(
+            json.dumps({**r, "step_time_s": r["step_time_s"] + shift}) for r in rows) + "\n")
+    rounds = sim_inputs.measured_step_times({"modes": {"c": {"metrics": "r*/metrics.jsonl"}}}, tmp_path)
+    assert rounds["c"] == pytest.approx([1.5, 1.8])
     res = sim_inputs.compare_measured(spec, tmp_path)
     expect = LENGTH * STEP + PROMPTS * GROUP * LENGTH / 2000.0 + 0.15
     assert res["colocated"]["predicted_step_time_s"] == pytest.approx(expect)
     assert res["colocated"]["error"] == pytest.approx(expect / 1.5 - 1)
-    out = subprocess.run([sys.executable, str(BENCH / "async_sim.py"), "--measured",
-                          str(tmp_path / "spec.json")], capture_output=True, text=True, check=True).stdout
+    spec["record"] = {"measures": "the check", "headline": "{modes.colocated.error:+.1%}"}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    cmd = [sys.executable, str(BENCH / "async_sim.py"), "--measured", str(tmp_path / "spec.json"),
+           "--out", str(tmp_path / "check.json")]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "colocated: predicted" in out and "k1: predicted" in out
+    check = json.loads((tmp_path / "check.json").read_text())  # a bench/README row: record, command
+    assert check["measures"] == "the check"
+    assert check["command"].startswith("python3 bench/async_sim.py --measured")
+    assert check["modes"]["colocated"]["error"] == pytest.approx(expect / 1.5 - 1)
 
 
 def test_cli_runs_on_the_committed_inputs(tmp_path):

@@ -86,6 +86,9 @@ def test_hook_specs_are_the_design_table() -> None:
         # added so a plugin adds a subcommand to the graft command line (graft-plot's
         # `graft plot`, #41)
         "graft_cli_commands",
+        # added so an inference engine that loads adapters itself takes the frozen base once
+        # and then only the adapters (graft-lora through graft-vllm's LoRA loading, #39)
+        "graft_rollout_adapter",
     }
 
 

@@ -14,6 +14,7 @@ from graft.rollout import SamplingSpec
 from graft_graphed_decode.decoder import GraphedDecoder, _top_p, decodes_with_graphs
 
 PAD = 0
+CPU = torch.device("cpu")
 
 
 def tiny_llama(attention: str, vocab_size: int = 96) -> torch.nn.Module:
@@ -234,3 +235,36 @@ def test_the_loop_passes_its_cache_by_the_installed_transformers_keyword() -> No
         warnings.simplefilter("error", FutureWarning)
         tokens, _ = decoder.generate(*left_pad([[5, 6, 7]]), SamplingSpec(1.0, 1.0, 4))
     assert tokens.shape == (1, 4)
+
+
+def test_seeded_rows_draw_the_cores_tokens_alone_or_in_a_shrinking_batch() -> None:
+    """``SamplingSpec.seeds``: each row is drawn by the core's seeded draw (`graft.rollout.
+    seeded_scores`, keyed by its seed and position), never from torch's generator: the same
+    tokens alone as in a batch whose finished rows leave it, and transformers' ``generate``
+    with the core's `SeededSampler` draws them too."""
+    from graft.rollout.seeded import SeededSampler
+
+    model = tiny_llama("sdpa", vocab_size=12)
+    eos = 3
+    prompts = [[5 + i % 6, 6, 7 + i % 3][: 1 + i % 3] for i in range(12)]
+    seeds = tuple(1000 + 7 * i for i in range(12))
+    spec = SamplingSpec(1.5, 0.9, 24, seeds=seeds)
+    decoder = GraphedDecoder(model, pad_token_id=PAD, eos_token_id=eos, use_graphs=False,
+                             check_every=2, min_batch=2)
+    torch.manual_seed(4)
+    tokens, logprobs = decoder.generate(*left_pad(prompts), spec)
+    assert len(decoder.batch_sizes) > 2  # rows left the batch as they finished
+    assert len({tuple(row) for row in tokens.tolist()}) > 6
+    assert_own_log_probs(model, prompts, tokens, logprobs, 1.5, eos=eos)
+    for row in (0, 4, 11):
+        torch.manual_seed(99)  # the generator's state must not matter
+        alone, _ = decoder.generate(*left_pad([prompts[row]]),
+                                    SamplingSpec(1.5, 0.9, 24, seeds=(seeds[row],)))
+        assert alone[0].tolist() == tokens[row, :alone.shape[1]].tolist()
+        assert (tokens[row, alone.shape[1]:] == PAD).all()
+        sampler = SeededSampler((seeds[row],), temperature=1.5, top_p=0.9, device=CPU)
+        with torch.no_grad():
+            core = model.generate(torch.tensor([prompts[row]]), do_sample=False,
+                                  max_new_tokens=24, logits_processor=[sampler],
+                                  eos_token_id=eos, pad_token_id=PAD)[0, len(prompts[row]):]
+        assert core.tolist() == alone[0, :core.shape[0]].tolist()

@@ -185,7 +185,8 @@ class EngineConfig:
     # graft-gspo's), sequence parallelism and plugin aggregations take the chunked head's
     # backward.
     fuse_loss_into_head: bool = True
-    # Token budget of one packed micro-batch (per rank).
+    # Token budget of one packed micro-batch (per rank). Unless set, at least the longest
+    # sample: data.max_prompt_tokens + rollout.max_new_tokens (RL) or data.max_response_tokens.
     max_tokens_per_micro_batch: int = bounded(4096, ge=1)
     # Pack a micro-batch's samples into rows of at most this many tokens (0: one row). Attention
     # over a packed row costs the square of its length unless the attention kernel skips
@@ -287,7 +288,8 @@ class RolloutConfig:
     # prompt's index in the dataset and its number among the prompt's n (graft.rl.sample_seed):
     # the same tokens whichever rank or rollout worker draws it, in whatever batch, and after a
     # resume. false: the engine's own generator, seeded once by trainer.seed. Single-turn
-    # rollouts; the embedded engine (dynamic decode) and graft-vllm honour it.
+    # rollouts; the embedded engine (dynamic decode, and graft-graphed-decode's static loop)
+    # and graft-vllm honour it.
     seeded_sampling: bool = False
     # embedded only. auto (graft.config.auto): static on CUDA (with decode_compile=cudagraphs
     # and graft-graphed-decode's loop, its kernels fused: the fastest rollout measured,

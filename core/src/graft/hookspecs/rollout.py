@@ -1,6 +1,7 @@
 """Rollout hooks (RL): generation, or a plugin's episodes in its place, and what plugins record
 during it; who runs the rewards of its samples; the static decode's copy and its decode loop;
-where a step's experience comes from and how it is shaped before the update."""
+the adapters an external engine loads itself; where a step's experience comes from and how it
+is shaped before the update."""
 
 from __future__ import annotations
 
@@ -122,6 +123,27 @@ def graft_inference_copy(model: torch.nn.Module, trained: torch.nn.Module, cfg: 
 
 
 @hookspec(firstresult=True)
+def graft_rollout_adapter(model: torch.nn.Module, cfg: Any) -> Any:
+    """Let an inference engine that loads adapters itself take only them at each weight sync.
+
+    When: once per rollout engine that can load adapters (graft-vllm's, through vLLM's LoRA
+    loading), when it is built, before its first weights are exported; on every rank that
+    builds it (the training ranks, or a plugin's rollout worker). Who: a plugin that trains
+    adapters on a frozen base (graft-lora). ``model`` is the policy the engine follows (the
+    trained model, sharded), ``cfg`` the root config.
+
+    Return a `graft.rollout.RolloutAdapter` for ``model``: the engine exports its first weights
+    inside ``base_only()`` (the frozen base, once), then after every update calls
+    ``write(out_dir, is_main=...)`` on every rank and loads the adapter directory (a new
+    version each time). An engine that cannot serve the adapters (their ``targets`` on this
+    model and device) raises a `graft.errors.ConfigError` naming them and ``fallback``, the
+    setting that syncs merged weights instead. Return None to pass: the engine takes every
+    weight (``graft_export_entries``' merged ones) at every sync. Must not mutate ``model``.
+    ``firstresult``: the first adapter returned is used.
+    """
+
+
+@hookspec(firstresult=True)
 def graft_static_decoder(model: torch.nn.Module, pad_token_id: int, eos_token_id: int | None,
                          device: torch.device, decode_compile: str, cfg: Any) -> Any:
     """Supply the decode loop the embedded engine's static copy samples with.
@@ -140,9 +162,13 @@ def graft_static_decoder(model: torch.nn.Module, pad_token_id: int, eos_token_id
     left-padded prompts ``ids`` with ``mask`` (both ``(batch, prompt length)``, on ``device``)
     and returns ``(tokens, logprobs)``, both ``(batch, steps)``: a row padded with
     ``pad_token_id`` after its EOS (log-prob 0), the log-probs fp32 under ``logits /
-    temperature`` (1 for greedy). Run each step inside the plugins' ``graft_compute`` with
-    `graft.engine.compute` (steps ``prefill``, ``decode``, ``sample_logprobs``, phase
-    ``rollout``) and take the log-probs with `graft.engine.token_logprobs`, as the core does.
+    temperature`` (1 for greedy). With ``spec.seeds`` (``rollout.seeded_sampling``), draw
+    row i's token at generated position p as the argmax of `graft.rollout.seeded_scores` of
+    its logits, seed and p, so its tokens are the core's whatever batch the row is in; a loop
+    that cannot raises `graft.errors.PluginError`. Run each step inside the plugins'
+    ``graft_compute`` with `graft.engine.compute` (steps ``prefill``, ``decode``,
+    ``sample_logprobs``, phase ``rollout``) and take the log-probs with
+    `graft.engine.token_logprobs`, as the core does.
     Return None to pass: transformers' ``generate`` decodes as ``decode_compile`` says.
 
     May mutate ``model`` (its attention implementation, its blocks' ``forward``), keeping every

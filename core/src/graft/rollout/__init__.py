@@ -6,7 +6,10 @@ step's samples in place of one ``generate`` (``graft_episode_runner``: graft-mul
 episodes) `EpisodeRunner` and `EpisodeBatch`; for a plugin's attention
 implementation, `register_boolean_mask_attention` (a plugin's decode loop, supplied through
 ``graft_static_decoder``, may hand it a boolean mask), which such a loop reads with
-`boolean_mask_attentions`.
+`boolean_mask_attentions`; for a plugin whose adapters an inference engine loads itself
+(``graft_rollout_adapter``: graft-lora's, loaded by graft-vllm), `RolloutAdapter`; for a
+plugin's decode loop that honours ``SamplingSpec.seeds`` (``rollout.seeded_sampling``),
+`seeded_scores` and `token_keys` (the core's seeded draw).
 
 Importing the package is cheap (the built-in engine registry lives here and loads with every
 command); the types import torch when first used.
@@ -14,9 +17,9 @@ command); the types import torch when first used.
 
 from typing import Any
 
-__all__ = ["EpisodeBatch", "EpisodeRunner", "RolloutEngine", "RolloutSample", "SamplingSpec",
-           "cut_at_eos", "refuse_extras", "boolean_mask_attentions",
-           "register_boolean_mask_attention"]
+__all__ = ["EpisodeBatch", "EpisodeRunner", "RolloutAdapter", "RolloutEngine", "RolloutSample",
+           "SamplingSpec", "cut_at_eos", "refuse_extras", "boolean_mask_attentions",
+           "register_boolean_mask_attention", "seeded_scores", "token_keys"]
 # transformers attention implementations (their ``AttentionInterface`` names) that plugins said
 # take a decode loop's boolean mask (`register_boolean_mask_attention`)
 _BOOLEAN_MASK_ATTENTIONS: set[str] = set()
@@ -38,6 +41,10 @@ def boolean_mask_attentions() -> frozenset[str]:
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("seeded_scores", "token_keys"):
+        from graft.rollout import seeded
+
+        return getattr(seeded, name)
     if name in __all__:
         from graft.rollout import types
 

@@ -29,7 +29,6 @@ from torch.distributed.fsdp import FSDPModule
 
 from graft.engine.head.logprobs import token_logprobs
 from graft.engine.phase import GENERATE, ROLLOUT, SAMPLE_LOGPROBS, compute
-from graft.errors import PluginError
 from graft.rollout.types import RolloutSample, SamplingSpec, cut_at_eos, refuse_extras
 
 if TYPE_CHECKING:
@@ -109,11 +108,6 @@ class EmbeddedRollout:
 
     def _generate(self, prompts: list[list[int]], spec: SamplingSpec) -> list[RolloutSample]:
         ids, mask = self._left_pad(prompts)
-        if self.decoder is not None and spec.seeds is not None:
-            raise PluginError("rollout.seeded_sampling: the static decode loop of a plugin "
-                              "(graft_static_decoder) draws from its own generator; set "
-                              "rollout.decode=dynamic, or rollout.decode_compile to inductor "
-                              "or none")
         if self.decoder is not None:
             new_tokens, logprobs = self.decoder.generate(ids, mask, spec)
         else:

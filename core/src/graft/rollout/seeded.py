@@ -64,14 +64,25 @@ class SeededSampler:
         """The noisy scores whose argmax is the next token of each row."""
         if self.start is None:
             self.start = input_ids.shape[1]
-        scaled = scores.float() / self.temperature
-        if self.top_p < 1.0:
-            scaled = top_p_filtered(scaled, self.top_p)
-        if self.tokens is None or self.tokens.numel() != scaled.shape[-1]:
-            self.tokens = token_keys(scaled.shape[-1], scaled.device)
-        noise = gumbel_noise(self.seeds, input_ids.shape[1] - self.start, scaled.shape[-1],
-                             self.tokens)
-        return scaled + noise
+        if self.tokens is None or self.tokens.numel() != scores.shape[-1]:
+            self.tokens = token_keys(scores.shape[-1], scores.device)
+        return seeded_scores(scores, self.seeds, input_ids.shape[1] - self.start,
+                             temperature=self.temperature, top_p=self.top_p, tokens=self.tokens)
+
+
+def seeded_scores(logits: torch.Tensor, seeds: torch.Tensor, position: int, *,
+                  temperature: float, top_p: float,
+                  tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``(rows, vocab)`` fp32 scores whose argmax along the vocabulary is each row's seeded
+    draw at generated position ``position`` (0 for a response's first token): ``logits /
+    temperature`` (temperature > 0), top-p filtered when ``top_p`` < 1, plus `gumbel_noise` of
+    the row's seed (``seeds``: int64, one per row). What a decode loop of a plugin
+    (``graft_static_decoder``) calls to honour ``SamplingSpec.seeds`` with the core's tokens.
+    ``tokens``: `token_keys` of the vocabulary, when the caller keeps them."""
+    scaled = logits.float() / temperature
+    if top_p < 1.0:
+        scaled = top_p_filtered(scaled, top_p)
+    return scaled + gumbel_noise(seeds, position, scaled.shape[-1], tokens)
 
 
 def top_p_filtered(scaled: torch.Tensor, top_p: float) -> torch.Tensor:

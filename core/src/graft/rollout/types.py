@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -88,6 +90,34 @@ class RolloutEngine(Protocol):
 
     def close(self) -> None:
         """Release the engine."""
+
+
+class RolloutAdapter(Protocol):
+    """Adapters an inference engine can load itself in place of merged weights
+    (``graft_rollout_adapter``; graft-lora's): the engine takes the frozen base once and, after
+    every update, only the adapters, written as a PEFT adapter directory.
+
+    ``rank``: the adapters' largest rank (the engine's ``max_lora_rank``). ``targets``: what
+    they adapt (PEFT's ``target_modules`` and ``target_parameters``), named in an engine's
+    refusal. ``fallback``: the setting that makes the engine take merged weights at every sync
+    instead (``features.lora.engine_sync=merged``), named in that refusal. ``required``:
+    whether the user asked for adapter-only sync; False lets an engine that cannot serve the
+    adapters take merged weights instead (saying so) rather than refuse.
+    """
+
+    rank: int
+    targets: list[str]
+    fallback: str
+    required: bool
+
+    def base_only(self) -> AbstractContextManager[None]:
+        """Inside it, exports of the model carry the frozen base without the adapters (not
+        merged, the adapters left out): the engine's first weights."""
+
+    def write(self, out_dir: Path, *, is_main: bool) -> None:
+        """Write the current adapters to ``out_dir`` as a PEFT adapter directory
+        (``adapter_config.json``, ``adapter_model.safetensors``), replaced whole. Every rank
+        calls it (the adapters are gathered from their shards); ``is_main`` writes."""
 
 
 @runtime_checkable

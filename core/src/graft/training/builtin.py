@@ -1,6 +1,7 @@
 """The training package's hooks, registered as a built-in plugin: the ``sft`` trainer mode, the
-``trainer_modes`` registry, the rule that ties ``engine.ep_size`` to the model family, and
-``graft train``'s pre-flight of the files a run loads.
+``trainer_modes`` registry, the rules that tie ``engine.ep_size`` to the model family and the
+micro-batch budget to the longest sample, and ``graft train``'s pre-flight of the files a run
+loads.
 
 Kept free of torch imports at module level: the plugin manager loads it for every command, and
 the pre-flight runs before torchrun starts ranks.
@@ -13,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from graft.config import was_set
 from graft.errors import ConfigError
 from graft.hookspecs import hookimpl
 from graft.plugins import GraftPluginManager
@@ -45,8 +47,23 @@ def graft_config_choices() -> dict[str, Any]:
 
 @hookimpl
 def graft_config_rules() -> list[Any]:
-    """`expert_parallel_needs_a_family`."""
-    return [expert_parallel_needs_a_family]
+    """`expert_parallel_needs_a_family`, `micro_batch_holds_the_longest_sample`."""
+    return [expert_parallel_needs_a_family, micro_batch_holds_the_longest_sample]
+
+
+def micro_batch_holds_the_longest_sample(cfg: Any, user_keys: Any) -> None:
+    """Unless the user set ``engine.max_tokens_per_micro_batch``, it grows to the longest sample
+    a step can have: ``data.max_prompt_tokens`` plus ``rollout.max_new_tokens`` (RL) or
+    ``data.max_response_tokens`` (SFT), in tokens. So a default never stops a run that asked
+    for long responses after its first rollout; a budget the user chose stays (a sample over
+    it is a `DataError` naming it)."""
+    response = {"rl": cfg.rollout.max_new_tokens,
+                "sft": cfg.data.max_response_tokens}.get(cfg.trainer.mode)
+    # a plugin's trainer mode has samples of its own; a budget the user set is theirs
+    if response is None or was_set("engine.max_tokens_per_micro_batch", user_keys):
+        return
+    longest = cfg.data.max_prompt_tokens + response
+    cfg.engine.max_tokens_per_micro_batch = max(cfg.engine.max_tokens_per_micro_batch, longest)
 
 
 def expert_parallel_needs_a_family(cfg: Any, manager: GraftPluginManager) -> None:

@@ -22,3 +22,8 @@ class AsyncRLConfig:
     # Seconds a trainer waits for a worker's samples (or a worker for the trainers' weights)
     # before the run stops with an error naming the worker.
     worker_timeout_s: float = bounded(600.0, gt=0.0)
+    # Partial rollouts: after this many tokens of a step's sequences, the worker takes the
+    # next policy version (the one the next step starts with) and the unfinished sequences go
+    # on with it, each token keeping the version and log-prob it was sampled with (the first
+    # tokens max_staleness updates old, the rest one fewer). 0: off. Needs max_staleness >= 1.
+    partial_tokens: int = bounded(0, ge=0)

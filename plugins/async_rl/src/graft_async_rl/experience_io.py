@@ -45,9 +45,13 @@ def sample_from(data: dict[str, Any]) -> RolloutSample:
 
 def part_data(*, step: int, worker: int, version: int, positions: list[int],
               samples: list[RolloutSample], rewards: torch.Tensor, rollout_s: float,
-              metrics: dict[str, float], idle_s: float) -> dict[str, Any]:
+              metrics: dict[str, float], idle_s: float,
+              token_versions: list[list[tuple[int, int]]] | None = None) -> dict[str, Any]:
     """A worker's part of step ``step``: the prompts at ``positions`` of the step's batch,
-    ``rollout.n`` samples each, generated with policy ``version``."""
+    ``rollout.n`` samples each, generated with policy ``version``; under partial rollouts each
+    sample's ``token_versions`` as runs ``[(version, token count), ...]``."""
     return {"step": step, "worker": worker, "version": version, "positions": positions,
             "samples": [sample_data(s) for s in samples], "rewards": rewards.tolist(),
-            "rollout_s": rollout_s, "metrics": metrics, "idle_s": idle_s}
+            "rollout_s": rollout_s, "metrics": metrics, "idle_s": idle_s,
+            "token_versions": (None if token_versions is None
+                               else [[list(run) for run in runs] for runs in token_versions])}

@@ -23,6 +23,7 @@ from graft.errors import PluginError
 from graft.export import default_bucket_bytes
 from graft.rl import Experience
 from graft_async_rl.experience_io import sample_from
+from graft_async_rl.partial import tail_version
 from graft_async_rl.roles import sync_ranks, transfer_device, version_for, worker_ranks
 from graft_async_rl.wire import BroadcastSink, recv_object, stream_weights
 from graft_async_rl.wire import broadcast_object as broadcast_to_workers
@@ -37,6 +38,7 @@ class WorkerSource:
     def __init__(self, *, cfg: Any, job: Any, engine: Any, env: DistEnv) -> None:
         settings = cfg.features.async_rl
         self.k, self.timeout_s = settings.max_staleness, settings.worker_timeout_s
+        self.partial = settings.partial_tokens > 0
         self.on_policy = self.k == 0
         self.job, self.env, self.n = job, env, cfg.rollout.n
         self.device = transfer_device(env.device)
@@ -98,41 +100,60 @@ class WorkerSource:
         """The experience of this rank's data-parallel share of the step's prompts."""
         by_position = {}
         for part in parts:
+            token_versions = part.get("token_versions")
             for offset, position in enumerate(part["positions"]):
                 rows = slice(offset * self.n, (offset + 1) * self.n)
+                runs = ([[(part["version"], len(s["response_ids"]))]
+                         for s in part["samples"][rows]] if token_versions is None
+                        else [[tuple(run) for run in r] for r in token_versions[rows]])
                 by_position[position] = (part["samples"][rows], part["rewards"][rows],
-                                         part["version"])
+                                         part["version"], runs)
         positions = list(range(len(prompt_indices)))[self.env.dp_rank::self.env.dp_size]
         indices = [prompt_indices[p] for p in positions]
         samples = [sample_from(s) for p in positions for s in by_position[p][0]]
         rewards = torch.tensor([r for p in positions for r in by_position[p][1]],
                                dtype=torch.float64)
         versions = [by_position[p][2] for p in positions for _ in range(self.n)]
-        metrics = {**_mean_metrics(parts), **self._staleness(step, samples, versions),
+        runs = [r for p in positions for r in by_position[p][3]]
+        metrics = {**_mean_metrics(parts), **self._staleness(step, samples, runs),
                    "async_rl/rollout_idle_share": _idle_share(parts)}
         texts = [self.job.texts[i] for i in indices for _ in range(self.n)]
         return Experience(indices, texts, samples, rewards,
                           max(part["rollout_s"] for part in parts), metrics, versions)
 
-    def _staleness(self, step: int, samples: list[Any], versions: list[int]) -> dict[str, float]:
+    def _staleness(self, step: int, samples: list[Any],
+                   runs: list[list[tuple[int, int]]]) -> dict[str, float]:
         """Each trained token's staleness (updates between the weights that generated it and
-        this step's), checked against ``max_staleness``; its token mean and max."""
+        this step's), checked against ``max_staleness`` and the versions the step may use
+        (its own, and under partial rollouts the next step's after the switch); its token
+        mean and max. ``runs``: per sample, ``[(version, token count), ...]``."""
+        allowed = {version_for(step, self.k)}
+        if self.partial:
+            allowed.add(tail_version(step, self.k))
         total = tokens = worst = 0
-        for sample, version in zip(samples, versions, strict=True):
-            lag = step - 1 - version
-            if lag > self.k or version != version_for(step, self.k):
-                raise PluginError(f"graft-async-rl: step {step} got samples of policy version "
-                                  f"{version}, {lag} updates old (features.async_rl."
-                                  f"max_staleness={self.k}); the workers and trainers disagree")
-            count = len(sample.response_ids)
-            total, tokens, worst = total + lag * count, tokens + count, max(worst, lag)
+        for sample, sample_runs in zip(samples, runs, strict=True):
+            if sum(count for _, count in sample_runs) != len(sample.response_ids):
+                raise PluginError(f"graft-async-rl: step {step} got a sample whose token "
+                                  f"versions cover {sample_runs}, not its "
+                                  f"{len(sample.response_ids)} tokens")
+            for version, count in sample_runs:
+                lag = step - 1 - version
+                if lag > self.k or version not in allowed:
+                    raise PluginError(f"graft-async-rl: step {step} got tokens of policy "
+                                      f"version {version}, {lag} updates old (features."
+                                      f"async_rl.max_staleness={self.k}); the workers and "
+                                      f"trainers disagree")
+                total, tokens = total + lag * count, tokens + count
+                worst = max(worst, lag) if count else worst
         return {STALENESS_MEAN: total / max(tokens, 1), STALENESS_MAX: float(worst)}
 
     def publish(self, engine: Any, step: int) -> dict[str, float]:
         """After step ``step``'s update: the workers get these weights if a later step's
         samples are generated with them."""
         self.last_step_end = time.perf_counter()
-        if step + 1 + self.k > self.total_steps:  # no step left that these weights generate
+        # the first step these weights generate: step + 1 + k (from its start), or under
+        # partial rollouts step + k (after its switch)
+        if step + self.k + (0 if self.partial else 1) > self.total_steps:
             return {"weight_sync_s": 0.0, "async_rl/weight_sync_gb": 0.0}
         return self._export(step)
 

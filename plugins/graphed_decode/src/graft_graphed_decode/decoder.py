@@ -22,8 +22,9 @@ The step's inputs live in fixed tensors the graph reads (the last tokens, their 
 cache slots hold keys); the model gets an explicit 4-D mask built from them inside the graph, so
 transformers does no data-dependent mask work. Prompts are left-padded and share one cache index
 per step; a padded query position attends to itself only (never to nothing, which would put
-NaNs in the cache). Sampling (temperature, top-p, multinomial) and the log-probs (the trainer's
-own `token_logprobs`) run on the device; the host looks at the finished flags every
+NaNs in the cache). Sampling (temperature, top-p, multinomial; with ``rollout.seeded_sampling``
+the core's draw keyed by each row's seed, `graft.rollout.seeded_scores`) and the log-probs (the
+trainer's own `token_logprobs`) run on the device; the host looks at the finished flags every
 ``check_every`` steps to stop early. Without CUDA (tests) the same step runs eagerly.
 
 As rows finish, the loop moves the unfinished ones into a smaller batch (steps of about an eighth
@@ -57,7 +58,7 @@ import torch
 
 from graft.engine import DECODE, PREFILL, ROLLOUT, SAMPLE_LOGPROBS, compute, token_logprobs
 from graft.models import cache_keyword
-from graft.rollout import SamplingSpec
+from graft.rollout import SamplingSpec, seeded_scores, token_keys
 from graft_graphed_decode.capturable import host_synchronising_experts
 from graft_graphed_decode.decode_attention import takes_boolean_mask, use_grouped_query_attention
 from graft_graphed_decode.regional_compile import compile_decoder_blocks, compiled_blocks
@@ -137,6 +138,7 @@ class GraphedDecoder:
                                    options={"emulate_precision_casts": True})
         self._states: dict[tuple[int, int], _DecodeState] = {}
         self._graph_pool = None  # one memory pool for all graphs: they never run at once
+        self._token_keys: torch.Tensor | None = None  # seeded sampling's, once per vocabulary
 
     @torch.no_grad()
     def generate(self, ids: torch.Tensor, mask: torch.Tensor,
@@ -163,8 +165,11 @@ class GraphedDecoder:
         logprobs = torch.zeros((batch, spec.max_new_tokens), device=ids.device)
         self.batch_sizes = [batch]
         logits = self._prefill(state, ids, mask)
+        seeds = (None if spec.seeds is None
+                 else torch.tensor(spec.seeds, dtype=torch.int64, device=ids.device))
         for step in range(spec.max_new_tokens):
-            token, logprob = self._sample(logits, spec, finished)
+            token, logprob = self._sample(logits, spec, finished,
+                                          None if seeds is None else (seeds[rows], step))
             tokens[rows, step] = token
             logprobs[rows, step] = logprob
             if step + 1 == spec.max_new_tokens:
@@ -226,13 +231,21 @@ class GraphedDecoder:
         smaller.slot.copy_(state.slot)
         return smaller
 
-    def _sample(self, logits: torch.Tensor, spec: SamplingSpec,
-                finished: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(self, logits: torch.Tensor, spec: SamplingSpec, finished: torch.Tensor,
+                seeded: tuple[torch.Tensor, int] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per row from ``logits / temperature`` (top-p when below 1; temperature 0:
         the most likely token, no random draw), its log-prob under the unfiltered distribution
-        (the trainer's; at temperature 1 for greedy rows), padding for finished rows."""
+        (the trainer's; at temperature 1 for greedy rows), padding for finished rows.
+        ``seeded``: the rows' seeds and the generated position, drawn as the core draws them
+        (`graft.rollout.seeded_scores`), else torch's generator."""
         if spec.temperature == 0:
             token = logits.argmax(dim=-1)
+        elif seeded is not None:
+            if self._token_keys is None or self._token_keys.numel() != logits.shape[-1]:
+                self._token_keys = token_keys(logits.shape[-1], logits.device)
+            token = seeded_scores(logits, *seeded, temperature=spec.temperature,
+                                  top_p=spec.top_p, tokens=self._token_keys).argmax(dim=-1)
         else:
             scores = logits.float() / spec.temperature
             if spec.top_p < 1.0:

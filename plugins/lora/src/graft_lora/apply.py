@@ -3,7 +3,9 @@ values, which parameters are frozen, and the merged weights an export sends."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +25,10 @@ from graft_lora.layers import (
 # Prefixes wrappers add to parameter names (activation checkpointing, torch.compile), which
 # state dicts and checkpoints leave out.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+# Models whose exports carry the frozen base for now (`base_only`: a rollout engine's first
+# weights, the adapters following as files).
+_BASE_ONLY: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def clean_name(name: str) -> str:
@@ -106,19 +112,32 @@ def initialise_missing(model: nn.Module, missing: list[str], seed: int) -> list[
 def merged_entries(model: nn.Module, entries: list[tuple[str, Any]]
                    ) -> list[tuple[str, Any]] | None:
     """``entries`` of an export with every adapted weight replaced by a function computing
-    ``weight + scale * B @ A`` and the adapters left out; None for a model without adapters."""
+    ``weight + scale * B @ A`` and the adapters left out (inside `base_only`: the base weights
+    as they are, the adapters left out); None for a model without adapters."""
+    base = model in _BASE_ONLY
     merged: dict[int, Any] = {}
     adapters: set[int] = set()
     for module in model.modules():
         if not is_adapted(module):
             continue
         for weight, (a, b) in module.adapted_weights().items():
-            merged[id(module._parameters[weight])] = functools.partial(_merged, module, weight)
+            if not base:
+                merged[id(module._parameters[weight])] = functools.partial(_merged, module, weight)
             adapters.update((id(module._parameters[a]), id(module._parameters[b])))
-    if not merged:
+    if not adapters:
         return None
     return [(name, merged.get(id(value), value)) for name, value in entries
             if id(value) not in adapters]
+
+
+@contextlib.contextmanager
+def base_only(model: nn.Module) -> Iterator[None]:
+    """Inside it, `merged_entries` of ``model`` are its frozen base without the adapters."""
+    _BASE_ONLY.add(model)
+    try:
+        yield
+    finally:
+        _BASE_ONLY.discard(model)
 
 
 @torch.no_grad()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from graft.config import bounded
+from graft.config import bounded, choice
 
 SECTION = "lora"
 
@@ -28,6 +28,12 @@ class LoraConfig:
     # Give every fused 3-D expert weight (an ``experts`` module's gate_up_proj, down_proj, ...)
     # adapters of its own per expert.
     experts: bool = True
+    # How a rollout engine that loads adapters itself (graft-vllm) follows the trainer:
+    # ``adapter``: the frozen base once, then only the adapters after each update (the engine's
+    # LoRA loading; where it cannot serve the targets, a config error names this key);
+    # ``merged``: every weight, merged with the adapters' product, at every sync; ``auto``:
+    # adapter where the engine can serve the targets, else merged (the run says which).
+    engine_sync: str = choice("auto", ("auto", "adapter", "merged"))
 
 
 def lora_section(cfg: Any) -> LoraConfig:

@@ -104,9 +104,22 @@ def write_adapter_format(*, model: Any, out_dir: Any, cfg: Any) -> None:
 def graft_export_entries(model: Any, entries: list[tuple[str, Any]]
                          ) -> list[tuple[str, Any]] | None:
     """Exports (HF directories, weight syncs, the decode copy) get the merged weights
-    ``W + scale * B @ A``, not the adapters."""
+    ``W + scale * B @ A``, not the adapters (a rollout engine's first weights with
+    ``engine_sync=adapter``: the frozen base)."""
     if model not in _ADAPTED:  # the decode copy, the KL reference, a run without adapters
         return None
     from graft_lora.apply import merged_entries
 
     return merged_entries(model, entries)
+
+
+@hookimpl
+def graft_rollout_adapter(model: Any, cfg: Any) -> Any:
+    """``features.lora.engine_sync`` ``adapter`` (or ``auto``): a rollout engine that loads
+    adapters itself (graft-vllm) gets the frozen base once, then only the adapters, as a PEFT
+    directory."""
+    if model not in _ADAPTED or lora_section(cfg).engine_sync == "merged":
+        return None
+    from graft_lora.rollout_adapter import PeftRolloutAdapter
+
+    return PeftRolloutAdapter(model, cfg)

@@ -5,7 +5,9 @@ with ``features.vllm.delta`` the same export is the delta baseline) and vLLM sta
 rank 0 at the first generation (so plugins can still `request_extras` in
 ``graft_rollout_begin``); after every update `sync_weights` streams the new weights into it
 (`graft_vllm.sink.VLLMSink`; only changed rows with ``features.vllm.delta``, through
-`graft_vllm.delta.DeltaTracker`). With a single trainer process the engine runs inside it; under
+`graft_vllm.delta.DeltaTracker`), or, where a plugin's adapters can be loaded by vLLM
+(``graft_rollout_adapter``: graft-lora's), the base once and then only the adapters
+(`graft_vllm.adapter.AdapterSync`). With a single trainer process the engine runs inside it; under
 torchrun it runs in its own process, generates for every rank's prompts (gathered to rank 0) and
 hands the samples back.
 
@@ -17,6 +19,8 @@ installed vLLM can return it on this device is checked when it is requested
 
 from __future__ import annotations
 
+import logging
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,12 +31,15 @@ import torch.distributed as dist
 from graft.engine import DistEnv, broadcast_object
 from graft.errors import ConfigError, PluginError
 from graft.export import WeightExporter, default_bucket_bytes, hf_directory_sink
+from graft.plugins import hook
 from graft.rollout import RolloutSample, SamplingSpec, cut_at_eos, refuse_extras
+from graft_vllm.adapter import AdapterSync, lora_unsupported
 from graft_vllm.config import vllm_section
 from graft_vllm.delta import DeltaTracker
 from graft_vllm.engine import context_length_problem, import_vllm, shutdown_engine, start_engine
 from graft_vllm.sink import VLLMSink
 
+logger = logging.getLogger("graft_vllm")
 # Per-request outputs vLLM can return, and the engine argument that turns each on.
 ENGINE_EXTRAS = {"routed_experts": {"enable_return_routed_experts": True}}
 
@@ -95,13 +102,32 @@ class VLLMRollout:
         # vLLM computes in the trainer's compute dtype, so log-probs agree to rounding.
         self.dtype_name = str(compute_dtype).removeprefix("torch.")
         self.init_dir = run_dir / "rollout_init"
-        self.tracker = DeltaTracker() if self.settings.delta else None
+        # a plugin's adapters that vLLM loads itself: the base once, then only the adapters
+        adapter = hook().graft_rollout_adapter(model=model, cfg=cfg)
+        self.adapters = AdapterSync(adapter, run_dir) if adapter is not None else None
+        if self.adapters is not None:
+            reason = lora_unsupported(model.config) if self.hosts else None
+            if env.world_size > 1:
+                reason = broadcast_object(reason, group=env.group)
+            if reason is not None and adapter.required:
+                raise self.adapters.refusal(reason)
+            if reason is not None:  # merged weights at every sync, as without the adapters
+                if self.hosts:
+                    logger.warning("graft-vllm: vLLM cannot load the adapters on %s (%s): it "
+                                   "gets the merged weights at every sync instead",
+                                   ", ".join(adapter.targets), reason)
+                adapter = self.adapters = None
+        self.tracker = (DeltaTracker() if self.settings.delta and self.adapters is None
+                        else None)
         self.exporter = WeightExporter(
             model, bucket_bytes=default_bucket_bytes(cfg.export.bucket_mb, device),
             dtype=compute_dtype, is_main=self.hosts, entry_filter=self.tracker, group=env.group)
         init_sink = (hf_directory_sink(model, self.init_dir, dtype=compute_dtype,
                                        tokenizer=tokenizer) if self.hosts else None)
-        self.exporter.export(init_sink)  # the engine's first weights (and the delta baseline)
+        with adapter.base_only() if adapter is not None else nullcontext():
+            self.exporter.export(init_sink)  # the engine's first weights (and the delta baseline)
+        if self.adapters is not None:
+            self.adapters.write(is_main=self.hosts)
         self.shapes = init_sink.shapes if init_sink is not None else {}
         self.llm: Any = None
         self.sink: VLLMSink | None = None
@@ -125,6 +151,8 @@ class VLLMRollout:
         options: dict[str, Any] = {}
         for name in self.extras:
             options.update(ENGINE_EXTRAS[name])
+        if self.adapters is not None:
+            options.update(self.adapters.engine_options())
         try:
             self.llm = start_engine(self.init_dir, dtype=self.dtype_name,
                                     seed=self.cfg.trainer.seed,
@@ -136,6 +164,8 @@ class VLLMRollout:
                 raise
             raise PluginError(f"vLLM refused to start with the per-request outputs "
                               f"{', '.join(map(repr, self.extras))} requested: {exc}") from exc
+        if self.adapters is not None:
+            self.adapters.load(self.llm)
         tracker = self.tracker
         self.sink = VLLMSink(self.llm, self.shapes, delta=tracker is not None,
                              current=tracker.snapshot if tracker is not None else None)
@@ -172,8 +202,9 @@ class VLLMRollout:
         # rollout.seeded_sampling: a request's own seed (vLLM's per-request generator)
         params = (SamplingParams(**options) if spec.seeds is None
                   else [SamplingParams(**options, seed=seed) for seed in spec.seeds])
+        adapter = self.adapters.request() if self.adapters is not None else None
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
-                                    use_tqdm=False)
+                                    use_tqdm=False, lora_request=adapter)
         samples = []
         for prompt, output in zip(prompts, outputs, strict=True):
             completion = output.outputs[0]
@@ -186,7 +217,10 @@ class VLLMRollout:
         return samples
 
     def sync_weights(self) -> dict[str, float]:
-        """Stream the trainer's current weights into the engine (every rank helps gather)."""
+        """Stream the trainer's current weights into the engine (every rank helps gather); with
+        a plugin's adapters, only those (written on every rank, loaded on the host)."""
+        if self.adapters is not None:
+            return self.adapters.sync(self.llm, hosts=self.hosts)
         stats = self.exporter.export(self.sink)
         return {"weight_sync_s": stats.seconds, "weight_sync_mb": stats.bytes_sent / 1e6}
 

@@ -1,0 +1,44 @@
+"""The adapters as a rollout engine loads them itself (``graft_rollout_adapter``,
+``features.lora.engine_sync`` ``adapter`` or ``auto``): graft-vllm starts vLLM from the frozen base, exported
+once inside `PeftRolloutAdapter.base_only`, and after every update loads the adapters from the
+PEFT adapter directory `PeftRolloutAdapter.write` replaces (vLLM's LoRA loading)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from graft_lora.adapter_dir import peft_config, write_adapter_dir
+from graft_lora.apply import base_only
+from graft_lora.config import lora_section
+
+FALLBACK = "features.lora.engine_sync=merged"
+
+
+class PeftRolloutAdapter:
+    """`graft.rollout.RolloutAdapter` of an adapted policy: its adapters as a PEFT directory."""
+
+    fallback = FALLBACK
+
+    def __init__(self, model: nn.Module, cfg: Any) -> None:
+        self.model = model
+        self.section = lora_section(cfg)
+        self.base = cfg.model.path or cfg.model.preset
+        self.rank = self.section.rank
+        self.required = self.section.engine_sync == "adapter"
+        config = peft_config(model, self.section, base=self.base)
+        self.targets = [*config["target_modules"], *(config["target_parameters"] or [])]
+
+    @contextmanager
+    def base_only(self) -> Iterator[None]:
+        """Exports of the model inside carry its frozen base, the adapters left out."""
+        with base_only(self.model):
+            yield
+
+    def write(self, out_dir: Path, *, is_main: bool) -> None:
+        """The current adapters into ``out_dir``, replaced whole (every rank gathers)."""
+        write_adapter_dir(self.model, out_dir, self.section, base=self.base, is_main=is_main)
