@@ -69,11 +69,6 @@ def test_stale_workers_learn_as_colocated_within_the_bound_and_resume_bit_exactl
     graft_train(tmp_path / "colocated", *RUN, *steps, nproc=2)
     graft_train(tmp_path / "run", *RUN, *steps, *workers(1, k), nproc=3)
     colocated, rows = metrics_of(tmp_path / "colocated"), metrics_of(tmp_path / "run")
-
-    def rise(history: list[dict]) -> float:
-        rewards = [row["reward_mean"] for row in history]
-        return sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
-
     assert abs(rise(rows) - rise(colocated)) <= 0.1
     for row in rows:  # every trained token at most k updates old, and corrected for it
         assert row["async_rl/staleness_max"] == min(k, row["step"] - 1) <= k
@@ -136,6 +131,25 @@ def test_two_vllm_workers_four_updates_ahead_stay_within_the_bound(
     rows = metrics_of(tmp_path / "run")
     assert [row["async_rl/staleness_max"] for row in rows] == [0.0, 1.0, 2.0, 3.0, 4.0, 4.0]
     assert all("rollout_correction/weight_mean" in row for row in rows)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_workers_learn_as_colocated_vllm_one_and_four_updates_ahead(
+        requires_vllm: None, graft_train, metrics_of, tmp_path: Path) -> None:
+    steps = ["trainer.total_steps=12", "checkpoint.every_steps=0", "rollout.engine=vllm"]
+    graft_train(tmp_path / "colocated", *RUN, *steps)
+    graft_train(tmp_path / "k1", *RUN, *steps, *workers(1, 1), nproc=2)
+    graft_train(tmp_path / "k4", *RUN, *steps, *workers(2, 4), nproc=3)
+    expected = rise(metrics_of(tmp_path / "colocated"))
+    for run in ("k1", "k4"):
+        assert abs(rise(metrics_of(tmp_path / run)) - expected) <= 0.1, run
+
+
+def rise(history: list[dict]) -> float:
+    """The mean reward of the last 5 steps minus that of the first 5."""
+    rewards = [row["reward_mean"] for row in history]
+    return sum(rewards[-5:]) / 5 - sum(rewards[:5]) / 5
 
 
 def _rank_pids(rank: int) -> list[int]:
