@@ -34,6 +34,7 @@ class FixedAdapter:
     """A `graft.rollout.RolloutAdapter` whose PEFT directory holds a fixed LoRA."""
 
     fallback = "the-test-plugin.sync=merged"
+    required = True  # the user asked for adapter-only sync: a limit vLLM knows is an error
 
     def __init__(self, model: torch.nn.Module, module: str) -> None:
         self.module = module
