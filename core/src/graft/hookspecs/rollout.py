@@ -137,7 +137,8 @@ def graft_rollout_adapter(model: torch.nn.Module, cfg: Any) -> Any:
     ``write(out_dir, is_main=...)`` on every rank and loads the adapter directory (a new
     version each time). An engine that cannot serve the adapters (their ``targets`` on this
     model and device) raises a `graft.errors.ConfigError` naming them and ``fallback``, the
-    setting that syncs merged weights instead. Return None to pass: the engine takes every
+    setting that syncs merged weights instead, when the adapter is ``required``; else it takes
+    merged weights, saying so. Return None to pass: the engine takes every
     weight (``graft_export_entries``' merged ones) at every sync. Must not mutate ``model``.
     ``firstresult``: the first adapter returned is used.
     """
