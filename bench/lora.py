@@ -237,8 +237,7 @@ def full_part(args: argparse.Namespace) -> dict[str, Any]:
     parameter) before any activation."""
     import torch
 
-    params = sum(v for k, v in _dense_parameters(SHAPES["tiny" if args.tiny else "qwen3-8b"]
-                                                  ).items())
+    params = sum(_dense_parameters(SHAPES["tiny" if args.tiny else "qwen3-8b"]).values())
     estimate = {"parameters": params, "weights_grads_adamw_gib": round(16 * params / 2**30, 1),
                 "gpu_gib": (round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
                             if torch.cuda.is_available() else None)}

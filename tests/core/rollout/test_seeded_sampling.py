@@ -23,15 +23,20 @@ SPEC = SamplingSpec(temperature=1.0, top_p=1.0, max_new_tokens=6)
 SHORT, MIDDLE, LONG = [1, 70, 83], [1, 20, 21, 22, 23], [1, 30, 31, 32, 33, 34, 35, 36]
 
 
-@pytest.fixture(scope="module")
-def rollout(tmp_path_factory: pytest.TempPathFactory):
+def tiny_rollout(run_dir: Path):
     """The embedded engine of an RL trainer of the tiny preset (dynamic decode on CPU)."""
-    run_dir = tmp_path_factory.mktemp("seeded")
     trainer = Trainer(compose([f"trainer.run_dir={run_dir}", "engine.device=cpu",
                                "trainer.total_steps=1", "checkpoint.every_steps=0",
                                "export.hf_at_end=false"]))
-    assert trainer.job.rollout.kind == "embedded" and trainer.job.rollout.decoder is None
     return trainer.job.rollout
+
+
+@pytest.fixture(scope="module")
+def rollout(tmp_path_factory: pytest.TempPathFactory):
+    """`tiny_rollout`: the engine itself draws (no static decode loop)."""
+    engine = tiny_rollout(tmp_path_factory.mktemp("seeded"))
+    assert engine.kind == "embedded" and engine.decoder is None
+    return engine
 
 
 def draw(rollout, prompts: list[list[int]], seeds: tuple[int, ...], *,

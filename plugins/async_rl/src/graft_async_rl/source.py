@@ -106,15 +106,14 @@ class WorkerSource:
                 runs = ([[(part["version"], len(s["response_ids"]))]
                          for s in part["samples"][rows]] if token_versions is None
                         else [[tuple(run) for run in r] for r in token_versions[rows]])
-                by_position[position] = (part["samples"][rows], part["rewards"][rows],
-                                         part["version"], runs)
+                by_position[position] = (part["samples"][rows], part["rewards"][rows], runs)
         positions = list(range(len(prompt_indices)))[self.env.dp_rank::self.env.dp_size]
         indices = [prompt_indices[p] for p in positions]
         samples = [sample_from(s) for p in positions for s in by_position[p][0]]
         rewards = torch.tensor([r for p in positions for r in by_position[p][1]],
                                dtype=torch.float64)
-        versions = [by_position[p][2] for p in positions for _ in range(self.n)]
-        runs = [r for p in positions for r in by_position[p][3]]
+        runs = [r for p in positions for r in by_position[p][2]]
+        versions = [sample_runs[0][0] for sample_runs in runs]  # each sample's first tokens'
         metrics = {**_mean_metrics(parts), **self._staleness(step, samples, runs),
                    "async_rl/rollout_idle_share": _idle_share(parts)}
         texts = [self.job.texts[i] for i in indices for _ in range(self.n)]

@@ -106,10 +106,16 @@ def write_adapter_dir(model: nn.Module, out_dir: Path, section: LoraConfig, *, b
                      written_by=f"graft {__version__}", label="the adapter folder")
 
 
+def base_model_name(cfg: Any) -> str:
+    """The base model an adapter directory names (PEFT's ``base_model_name_or_path``): the
+    run's ``model.path``, else its preset."""
+    return cfg.model.path or cfg.model.preset
+
+
 def write_adapter_format(*, model: nn.Module, out_dir: Path, cfg: Any) -> None:
     """``graft export --format adapter`` (``graft_export_formats``): ``model``, the run rebuilt
     with the checkpoint's adapters, as a PEFT adapter directory in ``out_dir``."""
     if not any(is_adapted(module) for module in model.modules()):
         raise ConfigError("graft export --format adapter: this checkpoint's run has no adapters "
                           "(features.lora.enabled was false); export it as hf")
-    write_adapter(model, out_dir, lora_section(cfg), base=cfg.model.path or cfg.model.preset)
+    write_adapter(model, out_dir, lora_section(cfg), base=base_model_name(cfg))

@@ -80,10 +80,10 @@ def graft_train_end(model: Any, cfg: Any, run_dir: Any, is_main: bool) -> None:
     Graft export is (replaced whole, a folder of someone else's files refused)."""
     if model not in _ADAPTED:
         return
-    from graft_lora.adapter_dir import write_adapter_dir
+    from graft_lora.adapter_dir import base_model_name, write_adapter_dir
 
-    write_adapter_dir(model, run_dir / "adapter", lora_section(cfg),
-                      base=cfg.model.path or cfg.model.preset, is_main=is_main)
+    write_adapter_dir(model, run_dir / "adapter", lora_section(cfg), base=base_model_name(cfg),
+                      is_main=is_main)
 
 
 @hookimpl

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from graft_lora.adapter_dir import peft_config, write_adapter_dir
+from graft_lora.adapter_dir import base_model_name, peft_config, write_adapter_dir
 from graft_lora.apply import base_only
 from graft_lora.config import lora_section
 
@@ -27,7 +27,7 @@ class PeftRolloutAdapter:
     def __init__(self, model: nn.Module, cfg: Any) -> None:
         self.model = model
         self.section = lora_section(cfg)
-        self.base = cfg.model.path or cfg.model.preset
+        self.base = base_model_name(cfg)
         self.rank = self.section.rank
         self.required = self.section.engine_sync == "adapter"
         config = peft_config(model, self.section, base=self.base)
