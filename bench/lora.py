@@ -17,6 +17,11 @@ of its own (its memory gone after it), under its own time limit, and writes what
 - ``moe``: ``--moe`` shapes (16 of Qwen3-30B-A3B's 48 layers by default) with adapters on the
   attention and on every expert.
 
+``--graft-overrides`` adds settings to every Graft part (``features.lora.engine_sync=adapter``:
+the decode copy shares the frozen base; ``model.dtype=bfloat16``: the base built in bf16).
+``--memory-cap-gib`` caps what each part may allocate, so a larger card answers what fits a
+smaller one (79.2: an H100's).
+
 Rollout tokens/s are the generated tokens over the generation's seconds; update tokens/s every
 token of the step over the rest of the step. The first step (warm-up) is left out.
 
@@ -54,6 +59,12 @@ SHAPES = {
     "qwen3-30b-a3b-16-layers": {"hidden_size": 2048, "moe_intermediate_size": 768,
                                 "num_experts": 128, "num_experts_per_tok": 8,
                                 "num_hidden_layers": 16, "num_attention_heads": 32,
+                                "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936},
+    # 32 of its 48 layers (the whole model's bf16 base and rank-32 expert adapters with their
+    # AdamW state, about 82 GB, do not fit one H100)
+    "qwen3-30b-a3b-32-layers": {"hidden_size": 2048, "moe_intermediate_size": 768,
+                                "num_experts": 128, "num_experts_per_tok": 8,
+                                "num_hidden_layers": 32, "num_attention_heads": 32,
                                 "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936},
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -99,7 +110,8 @@ def graft_config(args: argparse.Namespace, run_dir: str, *, shape: str, lora: bo
         f"rollout.prompts_per_step={prompts}", f"rollout.n={n}",
         f"rollout.max_new_tokens={max_new_tokens}", "optim.lr=1e-6",
         "checkpoint.every_steps=0", "checkpoint.save_at_end=false", "export.hf_at_end=false",
-        *adapters, *[f"+model.overrides.{k}={v}" for k, v in shapes.items()], *extra])
+        *adapters, *[f"+model.overrides.{k}={v}" for k, v in shapes.items()],
+        *args.graft_overrides, *extra])
 
 
 def graft_part(args: argparse.Namespace, *, shape: str, lora: bool = True,
@@ -258,6 +270,16 @@ def _dense_parameters(shapes: dict[str, int]) -> dict[str, int]:
     return {"embeddings_and_head": 2 * vocab * hidden, "layers": layers * (attention + mlp)}
 
 
+def cap_memory(gib: float | None) -> None:
+    """Let this process's tensors take at most ``gib`` GiB of the GPU (None: all of it), so
+    that a larger card answers whether a part fits a smaller one."""
+    import torch
+
+    if gib is not None and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total))
+
+
 def run_part(name: str, args: argparse.Namespace, limit_s: float) -> dict[str, Any]:
     """A part in a fresh process (its GPU memory gone after it), within ``limit_s`` seconds."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
@@ -282,7 +304,8 @@ PARTS = {
     "trl": trl_part,
     "full": full_part,
     "largest": lambda args: graft_part(
-        args, shape=args.largest, max_new_tokens=args.long_tokens, prompts=2, n=4, steps=2,
+        args, shape=args.largest, max_new_tokens=args.long_tokens, prompts=args.long_prompts,
+        n=4, steps=2,
         extra=("features.offload.enabled=true", "engine.activation_checkpointing=true",
                f"engine.max_tokens_per_micro_batch={2 * args.long_tokens}")),
     "moe": lambda args: graft_part(args, shape=args.moe, prompts=4, n=8, steps=2),
@@ -298,20 +321,28 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--long-tokens", type=int, default=4096)
+    parser.add_argument("--long-prompts", type=int, default=2,
+                        help="prompts a step of the largest part (4 samples each)")
     parser.add_argument("--rank", type=int, default=32)
     parser.add_argument("--largest", choices=list(SHAPES), default="qwen3-14b")
     parser.add_argument("--moe", choices=list(SHAPES), default="qwen3-30b-a3b-16-layers")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--graft-overrides", nargs="*", default=[],
+                        help="settings every Graft part adds (features.lora.engine_sync=adapter)")
+    parser.add_argument("--memory-cap-gib", type=float, default=None,
+                        help="what the parts may allocate (an H100's 79.2 on a larger card)")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (smoke test)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--part", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--part-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.part:  # a part's own process
+        cap_memory(args.memory_cap_gib)
         Path(args.part_out).write_text(json.dumps(PARTS[args.part](args)))
         return
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-                              "measures": MEASURES, "device": device_name(), "parts": {}}
+                              "measures": MEASURES, "device": device_name(),
+                              "memory_cap_gib": args.memory_cap_gib, "parts": {}}
     for name, limit in zip(args.parts, args.limits, strict=False):
         result["parts"][name] = run_part(name, args, limit)
         if args.out:

@@ -173,11 +173,60 @@ def test_a_model_path_run_on_two_ranks_equals_one_rank(graft_train, run_graft, m
             assert other[name] == pytest.approx(row[name], abs=1e-6), (row["step"], name)
 
 
-def test_exact_rollouts_with_adapters_are_refused_with_the_reason() -> None:
-    with pytest.raises(ConfigError, match=r"features.lora.enabled=true with "
-                                          r"features.exact.enabled=true.*round differently"):
+# A static-decode run on CPU that saves nothing: the embedded engine's plain decode copy.
+STATIC = ("engine.device=cpu", "rollout.decode=static", "checkpoint.every_steps=0",
+          "checkpoint.save_at_end=false", "export.hf_at_end=false", "optim.lr=0.01")
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3-moe"])
+def test_adapter_sync_decodes_on_the_trainer_s_frozen_base_with_the_adapters_unmerged(
+        tmp_path: Path, preset: str) -> None:
+    from graft.training.trainer import Trainer
+
+    def trainer(sync: str) -> Trainer:
+        return Trainer(compose([f"trainer.run_dir={tmp_path / sync}", *STATIC, *RUN,
+                                f"model.preset={preset}", "trainer.total_steps=3",
+                                f"features.lora.engine_sync={sync}"]))
+
+    unmerged = trainer("adapter")
+    copy, trained = unmerged.job.rollout.copy.model, unmerged.engine.model
+    rows = unmerged.fit()
+    local = {name: value.to_local() for name, value in trained.state_dict().items()}
+    # no second copy of the base: the copy's parameters are the trainer's frozen tensors
+    assert {name: value.data_ptr() for name, value in copy.state_dict().items()} == {
+        name: local[name].data_ptr() for name in copy.state_dict()}
+    adapters = dict(adapter_parameters(trained))
+    assert all(torch.equal(copy.get_buffer(name), adapters[name].to_local())
+               for name in adapters)  # the adapters the last update left, unmerged
+    merged = trainer("merged").fit()
+    assert any(row["grad_norm"] > 0 for row in rows)  # the adapters moved; the copy followed
+    for unmerged_row, merged_row in zip(rows, merged, strict=True):
+        assert unmerged_row["train_infer_logprob_diff"] < 1e-5
+        assert unmerged_row["loss"] == pytest.approx(merged_row["loss"], abs=1e-4)
+
+
+@pytest.mark.slow  # 2 runs of 4 steps
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3-moe"])
+def test_exact_rollouts_with_adapters_match_the_trainer_bit_for_bit(tmp_path: Path,
+                                                                    preset: str) -> None:
+    from graft.training.trainer import Trainer
+
+    cfg = compose([f"trainer.run_dir={tmp_path}", *STATIC, *RUN, f"model.preset={preset}",
+                   "trainer.total_steps=4", "features.exact.enabled=true",
+                   "rollout.temperature=0.7", "algorithm.old_logprobs=always"])
+    assert cfg.features.lora.engine_sync == "adapter"  # the default follows exact
+    rows = Trainer(cfg).fit()
+    assert any(row["grad_norm"] > 0 for row in rows)
+    assert [(row["train_infer_logprob_diff"], row["train_infer_logprob_exact_fraction"])
+            for row in rows] == [(0.0, 1.0)] * 4
+
+
+def test_exact_rollouts_with_merged_weights_are_refused_with_the_reason() -> None:
+    with pytest.raises(ConfigError, match=r"features.exact.enabled=true and features.lora."
+                                          r"engine_sync=merged.*rounds differently.*"
+                                          r"engine_sync=adapter"):
         compose(["features.lora.enabled=true", "features.exact.enabled=true",
-                 "model.preset=tiny-llama"])
+                 "features.lora.engine_sync=merged", "model.preset=tiny-llama"])
 
 
 def test_expert_parallelism_turns_the_default_expert_adapters_off() -> None:
@@ -293,3 +342,16 @@ def test_rollout_workers_get_the_base_once_then_only_the_adapters(graft_train, m
     base = sum(p.numel() * 4 for p in tiny("tiny-qwen3-moe").parameters())
     assert sent == [adapters / 1e9, adapters / 1e9, 0.0, 0.0] and adapters < base / 4, sent
     assert all(row["async_rl/staleness_max"] <= 1 and row["grad_norm"] > 0 for row in rows)
+
+
+def test_a_base_built_in_bf16_gets_fp32_adapters_that_compute_in_its_dtype() -> None:
+    model, _ = build_model(compose(["model.preset=tiny-qwen3-moe", "model.dtype=bfloat16"]).model)
+    apply_lora(model, LoraConfig(enabled=True, rank=4), seed=0)
+    assert {p.dtype for _, p in adapter_parameters(model)} == {torch.float32}
+    assert {p.dtype for p in model.parameters() if not p.requires_grad} == {torch.bfloat16}
+    with torch.no_grad():
+        for _, param in adapter_parameters(model):
+            param.normal_()  # B too: the adapters' term counts
+    model(tokens()).logits.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32
+               for _, p in adapter_parameters(model))

@@ -4,6 +4,7 @@ computes, whatever ``graft_pre_shard`` changed on the trained model."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -117,3 +118,77 @@ def test_the_copy_of_a_model_with_tied_embeddings_keeps_them_tied(tmp_path: Path
     ids = torch.arange(1, 13).view(2, 6)
     with torch.no_grad():
         assert torch.allclose(copy(ids).logits, trained(ids).logits, atol=1e-5)
+
+
+class ScaledOutput:
+    """An adapter plugin in miniature: the policy's base frozen except its output layer, and
+    the adapter, its learnt scale of the logits, applied by the copy itself (``install``)."""
+
+    def __init__(self, *, required: bool) -> None:
+        self.required = required
+        self.installs: list[torch.nn.Module] = []
+        self.base_only_entries: list[bool] = []
+        self.inside = False
+        self.rank, self.targets, self.fallback = 1, ["lm_head"], "features.scaled.sync=merged"
+
+    @hookimpl
+    def graft_pre_shard(self, model, role):
+        if role == "policy":
+            model.requires_grad_(False)
+            model.lm_head.weight.requires_grad_(True)
+
+    @hookimpl
+    def graft_rollout_adapter(self, model, cfg):
+        return self
+
+    @hookimpl
+    def graft_export_entries(self, model, entries):
+        self.base_only_entries.append(self.inside)
+        return None
+
+    @contextmanager
+    def base_only(self):
+        self.inside = True
+        try:
+            yield
+        finally:
+            self.inside = False
+
+    def write(self, out_dir, *, is_main):
+        raise AssertionError("the embedded copy installs adapters, it writes none")
+
+    def install(self, model):
+        self.installs.append(model)
+
+
+def test_a_required_adapter_shares_the_frozen_base_and_installs_itself_after_every_refresh(
+        tmp_path: Path, graft_plugin) -> None:
+    adapter = ScaledOutput(required=True)
+    graft_plugin(adapter, name="scaled")
+    cfg = compose([f"trainer.run_dir={tmp_path}", *STATIC, "trainer.total_steps=2",
+                   "rollout.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=4",
+                   "model.preset=tiny-llama"])
+    trainer = Trainer(cfg)
+    copy, trained = trainer.job.rollout.copy.model, trainer.engine.model
+    trainer.fit()
+    assert adapter.installs == [copy] * 3  # built, then after each update
+    assert all(adapter.base_only_entries)  # every export the copy took: the base, not merged
+    local = {name: value.to_local() for name, value in trained.state_dict().items()}
+    for name, value in copy.state_dict().items():
+        # a frozen tensor is the trainer's own (one rank: whole already); what trains, a copy
+        same = value.data_ptr() == local[name].data_ptr()
+        assert same == (name != "lm_head.weight"), name
+        assert torch.equal(value, local[name]), name
+
+
+def test_an_adapter_that_is_not_required_leaves_the_copy_merged_weights_of_its_own(
+        tmp_path: Path, graft_plugin) -> None:
+    adapter = ScaledOutput(required=False)
+    graft_plugin(adapter, name="scaled")
+    cfg = compose([f"trainer.run_dir={tmp_path}", *STATIC, "model.preset=tiny-llama"])
+    trainer = Trainer(cfg)
+    copy, trained = trainer.job.rollout.copy.model, trainer.engine.model
+    local = {name: value.to_local() for name, value in trained.state_dict().items()}
+    assert not adapter.installs and not any(adapter.base_only_entries)
+    assert all(value.data_ptr() != local[name].data_ptr()
+               for name, value in copy.state_dict().items())

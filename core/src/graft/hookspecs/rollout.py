@@ -109,7 +109,9 @@ def graft_inference_copy(model: torch.nn.Module, trained: torch.nn.Module, cfg: 
     (the trained model's architecture built again
     by transformers, unsharded, in the compute dtype, with the family's ``prepare_model`` but
     none of what ``graft_pre_shard`` installed); the same object comes back at every call. It now
-    holds the trained model's weights as the optimizer left them (the masters). ``trained`` is
+    holds the trained model's weights as the optimizer left them (the masters; with a required
+    ``graft_rollout_adapter``, the frozen base, partly the trained model's own tensors, and the
+    adapters installed). ``trained`` is
     the trained policy (sharded; read it, do not run or change it); ``cfg`` the root config
     (None when the copy was built outside a run).
 
@@ -127,19 +129,23 @@ def graft_rollout_adapter(model: torch.nn.Module, cfg: Any) -> Any:
     """Let an inference engine that loads adapters itself take only them at each weight sync.
 
     When: once per rollout engine that can load adapters (graft-vllm's, through vLLM's LoRA
-    loading), when it is built, before its first weights are exported; on every rank that
-    builds it (the training ranks, or a plugin's rollout worker). Who: a plugin that trains
-    adapters on a frozen base (graft-lora). ``model`` is the policy the engine follows (the
-    trained model, sharded), ``cfg`` the root config.
+    loading; the embedded engine's static decode copy), when it is built, before its first
+    weights are exported; on every rank that builds it (the training ranks, or a plugin's
+    rollout worker). Who: a plugin that trains adapters on a frozen base (graft-lora).
+    ``model`` is the policy the engine follows (the trained model, sharded), ``cfg`` the root
+    config.
 
     Return a `graft.rollout.RolloutAdapter` for ``model``: the engine exports its first weights
     inside ``base_only()`` (the frozen base, once), then after every update calls
     ``write(out_dir, is_main=...)`` on every rank and loads the adapter directory (a new
-    version each time). An engine that cannot serve the adapters (their ``targets`` on this
-    model and device) raises a `graft.errors.ConfigError` naming them and ``fallback``, the
-    setting that syncs merged weights instead, when the adapter is ``required``; else it takes
-    merged weights, saying so. Return None to pass: the engine takes every
-    weight (``graft_export_entries``' merged ones) at every sync. Must not mutate ``model``.
+    version each time). The static decode copy, only for a ``required`` adapter, holds the
+    frozen base (a parameter whole on the rank already, in the copy's dtype and on its device,
+    is the trained model's own tensor: ``graft_inference_copy`` must not change it in place)
+    and calls ``install(copy)`` after every refresh. An engine that cannot serve the adapters
+    (their ``targets`` on this model and device) raises a `graft.errors.ConfigError` naming
+    them and ``fallback``, the setting that syncs merged weights instead, when the adapter is
+    ``required``; else it takes merged weights, saying so. Return None to pass: the engine
+    takes every weight (``graft_export_entries``' merged ones) at every sync. Must not mutate ``model``.
     ``firstresult``: the first adapter returned is used.
     """
 

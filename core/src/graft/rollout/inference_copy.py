@@ -8,16 +8,23 @@ A parameter that does not train (``requires_grad`` False: a frozen base under ad
 have changed, so only the first refresh copies it (a resumed or rollout-worker build reads it
 from the same seed or ``model.path`` before the copy exists); what a plugin computes at each export
 (``graft_export_entries``: merged adapters) is computed and copied every time.
+
+Where a plugin's adapters are to be applied unmerged (``graft_rollout_adapter``, the user's
+adapter-only sync), the copy holds the frozen base instead and the adapter installs itself after
+every refresh (`graft.rollout.RolloutAdapter.install`). A frozen parameter that is whole on this
+rank already, on the copy's device and in its dtype, is then the trained model's own tensor, not a
+second copy: on one rank the copy costs only the adapters.
 """
 
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from graft.export.gather import gather_full
+from graft.export.gather import gather_full, is_sharded, local_tensor
 from graft.export.handlers import entry_tensor, exported_entries
 from graft.models.registry import family_for
 from graft.plugins import GraftPluginManager, get_plugin_manager
@@ -46,8 +53,13 @@ class InferenceCopy:
         kwargs = {"attn_implementation": "sdpa"} if attention == "flex_attention" else {}
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
-        model.to_empty(device=device)
-        model.tie_weights()  # to_empty gives each module a tensor of its own: tied ones too
+        self._hook = (manager or get_plugin_manager()).hook
+        adapter = self._hook.graft_rollout_adapter(model=trained, cfg=cfg)
+        self.adapter = adapter if adapter is not None and adapter.required else None
+        self._shared = (share_frozen(model, trained, device=device, dtype=dtype, adapter=adapter)
+                        if self.adapter is not None else set())
+        materialise(model, device)
+        model.tie_weights()  # materialising gives each module a tensor of its own: tied ones too
         family = family_for(config.model_type)
         if family.prepare_model is not None:
             family.prepare_model(model)
@@ -58,7 +70,6 @@ class InferenceCopy:
         self.trained = trained
         self.dtype = dtype
         self.cfg = cfg
-        self._hook = (manager or get_plugin_manager()).hook
         self._targets = dict(self.model.state_dict(keep_vars=True))
         self._buffers = {name for name, _ in self.model.named_buffers()}
         self._frozen_copied = False
@@ -83,17 +94,56 @@ class InferenceCopy:
     def refresh(self) -> None:
         """Copy the trained model's current weights in (a collective: every rank calls it), then
         let plugins make the copy compute what the policy does (``graft_inference_copy``)."""
-        for name, entry in exported_entries(self.trained):
-            if self._frozen_copied and _frozen(entry):
-                continue
-            whole, _ = gather_full(entry_tensor(entry), dtype=self.dtype)
-            self._targets[name].copy_(whole)
+        with self.adapter.base_only() if self.adapter is not None else nullcontext():
+            for name, entry in exported_entries(self.trained):
+                if name in self._shared or (self._frozen_copied and _frozen(entry)):
+                    continue
+                whole, _ = gather_full(entry_tensor(entry), dtype=self.dtype)
+                self._targets[name].copy_(whole)
         self._frozen_copied = True
         # Non-persistent buffers (rotary tables) are not in the state dict: take them as they are.
         for name, buffer in self.trained.named_buffers():
             if name in self._buffers and name not in self._targets:
                 self.model.get_buffer(name).copy_(buffer)
+        if self.adapter is not None:
+            self.adapter.install(self.model)
         self._hook.graft_inference_copy(model=self.model, trained=self.trained, cfg=self.cfg)
+
+
+def share_frozen(model: torch.nn.Module, trained: torch.nn.Module, *, device: torch.device,
+                 dtype: torch.dtype, adapter: Any) -> set[str]:
+    """Make each frozen parameter of the meta-device ``model`` that ``trained`` holds whole on
+    this rank, on ``device`` and in ``dtype``, the trained tensor itself; return their names.
+    The entries are the frozen base's (inside ``adapter.base_only()``)."""
+    targets = model.state_dict(keep_vars=True)
+    shared: set[str] = set()
+    with adapter.base_only():
+        for name, entry in exported_entries(trained):
+            if not _frozen(entry) or is_sharded(entry) or name not in targets:
+                continue
+            tensor = local_tensor(entry)
+            if (tensor.dtype != dtype or tensor.shape != targets[name].shape
+                    or tensor.device.type != device.type
+                    or device.index not in (None, tensor.device.index)):
+                continue
+            owner, _, leaf = name.rpartition(".")
+            model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(
+                tensor, requires_grad=False)
+            shared.add(name)
+    return shared
+
+
+def materialise(model: torch.nn.Module, device: torch.device) -> None:
+    """Give every parameter and buffer of ``model`` still on the meta device an uninitialised
+    tensor on ``device`` (``Module.to_empty``, leaving the tensors already real as they are)."""
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for key, value in store.items():
+                if value is None or not value.is_meta:
+                    continue
+                empty = torch.empty_like(value, device=device)
+                store[key] = (torch.nn.Parameter(empty, requires_grad=False)
+                              if isinstance(value, torch.nn.Parameter) else empty)
 
 
 def _frozen(entry: Any) -> bool:

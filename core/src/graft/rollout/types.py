@@ -95,7 +95,9 @@ class RolloutEngine(Protocol):
 class RolloutAdapter(Protocol):
     """Adapters an inference engine can load itself in place of merged weights
     (``graft_rollout_adapter``; graft-lora's): the engine takes the frozen base once and, after
-    every update, only the adapters, written as a PEFT adapter directory.
+    every update, only the adapters: written as a PEFT adapter directory (graft-vllm), or
+    installed unmerged in a plain copy of the policy (the embedded engine's static decode copy,
+    which does so only when ``required``; otherwise it takes merged weights, the faster decode).
 
     ``rank``: the adapters' largest rank (the engine's ``max_lora_rank``). ``targets``: what
     they adapt (PEFT's ``target_modules`` and ``target_parameters``), named in an engine's
@@ -118,6 +120,13 @@ class RolloutAdapter(Protocol):
         """Write the current adapters to ``out_dir`` as a PEFT adapter directory
         (``adapter_config.json``, ``adapter_model.safetensors``), replaced whole. Every rank
         calls it (the adapters are gathered from their shards); ``is_main`` writes."""
+
+    def install(self, model: torch.nn.Module) -> None:
+        """Give ``model``, a plain copy of the policy holding the frozen base (the embedded
+        engine's static decode copy: unsharded, in the compute dtype), the current adapters,
+        applied unmerged as the trainer's forward applies them: the first call adds them,
+        later ones copy their new values in. Every rank calls it (the adapters are gathered
+        from their shards); it must not change the copy's parameters."""
 
 
 @runtime_checkable

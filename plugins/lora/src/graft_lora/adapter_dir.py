@@ -35,7 +35,7 @@ def peft_tensors(model: nn.Module, *, is_main: bool = True) -> dict[str, torch.T
         prefix = PREFIX + clean_name(module_name)
         weights = list(module.adapted_weights().items())
         for index, (_, (a_name, b_name)) in enumerate(weights):
-            a, b = _whole(module._parameters[a_name]), _whole(module._parameters[b_name])
+            a, b = whole(module._parameters[a_name]), whole(module._parameters[b_name])
             if not is_main:
                 continue
             key = prefix
@@ -49,7 +49,8 @@ def peft_tensors(model: nn.Module, *, is_main: bool = True) -> dict[str, torch.T
     return tensors
 
 
-def _whole(value: torch.Tensor) -> torch.Tensor:
+def whole(value: torch.Tensor) -> torch.Tensor:
+    """``value`` whole: gathered from its shards when it is a DTensor (a collective)."""
     from torch.distributed.tensor import DTensor
 
     return value.full_tensor() if isinstance(value, DTensor) else value

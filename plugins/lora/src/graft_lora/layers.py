@@ -36,7 +36,9 @@ class LinearAdapter:
         out = super().forward(x)  # type: ignore[misc]
         if self.lora_dropout and self.training:
             x = F.dropout(x, self.lora_dropout)
-        return out + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.lora_scale
+        # fp32 adapters beside a base kept in bf16 without mixed precision: in the input's dtype
+        a, b = self.lora_A.to(x.dtype), self.lora_B.to(x.dtype)
+        return out + F.linear(F.linear(x, a), b) * self.lora_scale
 
     def adapted_weights(self) -> dict[str, tuple[str, str]]:
         """``{base weight: (A's name, B's name)}``."""
@@ -57,8 +59,8 @@ class ExpertsAdapter:
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 (the class's, merged)
         self.__dict__["_lora_merged"] = {
-            name: self._parameters[name] + self.weight_delta(name)  # type: ignore[attr-defined]
-            for name in self.lora_weights}
+            name: self._parameters[name] + self.weight_delta(name).to(  # type: ignore[attr-defined]
+                self._parameters[name].dtype) for name in self.lora_weights}
         try:
             return super().forward(*args, **kwargs)  # type: ignore[misc]
         finally:
@@ -93,14 +95,20 @@ def _adapted_class(mixin: type, base: type, weights: tuple[str, ...] = ()) -> ty
 
 
 def adapt_linear(module: nn.Linear, *, rank: int, scale: float, dropout: float) -> None:
-    """Give ``module`` adapters (on its weight's device and dtype; initialised by
-    `initialise_adapters`) and the adapted class."""
+    """Give ``module`` adapters (on its weight's device, in `master_dtype`; initialised by
+    `apply_lora`) and the adapted class."""
     weight = module.weight
-    factory = {"device": weight.device, "dtype": weight.dtype}
+    factory = {"device": weight.device, "dtype": master_dtype(weight)}
     module.lora_A = nn.Parameter(torch.zeros(rank, module.in_features, **factory))
     module.lora_B = nn.Parameter(torch.zeros(module.out_features, rank, **factory))
     module.lora_scale, module.lora_dropout = scale, dropout
     module.__class__ = _adapted_class(LinearAdapter, type(module))
+
+
+def master_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The adapters' dtype beside ``weight``: at least fp32, so that a base built in bf16
+    (``model.dtype=bfloat16``) still trains fp32 adapters."""
+    return torch.promote_types(weight.dtype, torch.float32)
 
 
 def expert_weights(module: nn.Module) -> tuple[str, ...]:
@@ -118,13 +126,34 @@ def adapt_experts(module: nn.Module, *, rank: int, scale: float) -> None:
         weight = module._parameters[name]
         experts, rows, cols = weight.shape
         fan_in, fan_out = (rows, cols) if transposed else (cols, rows)
-        factory = {"device": weight.device, "dtype": weight.dtype}
+        factory = {"device": weight.device, "dtype": master_dtype(weight)}
         module.register_parameter(f"lora_A_{name}",
                                   nn.Parameter(torch.zeros(experts, rank, fan_in, **factory)))
         module.register_parameter(f"lora_B_{name}",
                                   nn.Parameter(torch.zeros(experts, fan_out, rank, **factory)))
     module.lora_weights, module.lora_scale, module.lora_transposed = weights, scale, transposed
     module.__class__ = _adapted_class(ExpertsAdapter, type(module), weights)
+
+
+@torch.no_grad()
+def mirror_adapters(copy: nn.Module, adapted: nn.Module, values: dict[str, torch.Tensor]) -> None:
+    """Make ``copy`` (the same layer in a plain copy of the model) compute what the adapted
+    ``adapted`` computes, with the adapters unmerged: the first call gives it ``adapted``'s
+    class and settings and the adapters as non-persistent buffers in ``copy``'s dtype (its
+    parameters stay the base's); every call copies ``values`` (the adapters, whole, by name)
+    in."""
+    if not is_adapted(copy):
+        base = next(copy.parameters())
+        for name, value in values.items():
+            copy.register_buffer(name, torch.empty(value.shape, dtype=base.dtype,
+                                                   device=base.device), persistent=False)
+        for setting in ("lora_scale", "lora_dropout", "lora_weights", "lora_transposed"):
+            if hasattr(adapted, setting):
+                setattr(copy, setting, getattr(adapted, setting))
+        mixin = ExpertsAdapter if isinstance(adapted, ExpertsAdapter) else LinearAdapter
+        copy.__class__ = _adapted_class(mixin, type(copy), getattr(adapted, "lora_weights", ()))
+    for name, value in values.items():
+        copy.get_buffer(name).copy_(value)
 
 
 def is_adapted(module: nn.Module) -> bool:

@@ -22,10 +22,7 @@ def lora_fits_the_run(cfg: Any, user_keys: Collection[str]) -> None:
         return
     features = getattr(cfg, "features", None)
     if getattr(getattr(features, "exact", None), "enabled", False):
-        raise ConfigError(f"{ON} with features.exact.enabled=true: the trainer computes "
-                          f"W x + scale * B (A x) while the rollout decodes with the merged "
-                          f"weight (W + scale * B A) x, which round differently, so the "
-                          f"log-probs would not match bit for bit; set one of them to false")
+        exact_decodes_unmerged(section, user_keys)
     if section.experts and cfg.engine.ep_size > 1:
         if not was_set("features.lora.experts", user_keys):
             section.experts = False
@@ -33,3 +30,20 @@ def lora_fits_the_run(cfg: Any, user_keys: Collection[str]) -> None:
         raise ConfigError(f"{ON} with features.lora.experts=true and engine.ep_size > 1: expert "
                           f"adapters are not sharded over expert-parallel ranks yet; set "
                           f"features.lora.experts=false or engine.ep_size=1")
+
+
+def exact_decodes_unmerged(section: Any, user_keys: Collection[str]) -> None:
+    """Under ``features.exact`` the rollout must compute what the trainer does, ``W x + scale *
+    B (A x)``: the default ``engine_sync`` becomes ``adapter`` (the decode copy applies the
+    adapters unmerged); a ``merged`` the user set is refused."""
+    if section.engine_sync == "adapter":
+        return
+    if not was_set("features.lora.engine_sync", user_keys):
+        section.engine_sync = "adapter"
+        return
+    raise ConfigError(f"{ON} with features.exact.enabled=true and features.lora.engine_sync="
+                      f"{section.engine_sync}: the trainer computes W x + scale * B (A x) while "
+                      f"the rollout would decode with the merged weight (W + scale * B A) x, "
+                      f"which rounds differently, so the log-probs would not match bit for bit; "
+                      f"set features.lora.engine_sync=adapter (the decode copy then applies the "
+                      f"adapters unmerged, as the trainer does)")
