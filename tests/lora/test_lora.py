@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from graft.config import compose
 from graft.errors import ConfigError
@@ -229,12 +231,28 @@ def test_exact_rollouts_with_merged_weights_are_refused_with_the_reason() -> Non
                  "features.lora.engine_sync=merged", "model.preset=tiny-llama"])
 
 
-def test_expert_parallelism_turns_the_default_expert_adapters_off() -> None:
-    ep = ["features.lora.enabled=true", "model.preset=tiny-gpt-oss", "engine.ep_size=2"]
-    assert compose(ep).features.lora.experts is False  # the user's ep_size wins over a default
-    assert compose(ep[:2]).features.lora.experts is True
-    with pytest.raises(ConfigError, match=r"experts=true and engine.ep_size > 1.*not sharded"):
-        compose([*ep, "features.lora.experts=true"])
+@pytest.mark.slow  # 2 runs on 2 gloo ranks
+def test_expert_adapters_under_expert_parallelism_train_as_without_it(
+        graft_train, metrics_of, tmp_path: Path) -> None:
+    # only the experts get adapters (no linear layer matches): a gradient means they got one
+    # through the expert-parallel forward; the run equals the same 2 ranks without EP
+    run = (*RUN, "model.preset=tiny-gpt-oss", "trainer.mode=sft",
+           "features.lora.target_modules=[none]", "trainer.total_steps=3", "optim.lr=0.01",
+           "checkpoint.every_steps=0", "checkpoint.save_at_end=false")
+    graft_train(tmp_path / "ep2", *run, "engine.ep_size=2", nproc=2)
+    graft_train(tmp_path / "ep1", *run, "engine.ep_size=1", nproc=2)
+    ep2, ep1 = metrics_of(tmp_path / "ep2"), metrics_of(tmp_path / "ep1")
+    assert all(row["grad_norm"] > 0 for row in ep2)
+    for split, whole in zip(ep2, ep1, strict=True):
+        for key in ("loss", "grad_norm"):
+            assert split[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
+    exported = safe_open(str(tmp_path / "ep2" / "adapter" / "adapter_model.safetensors"), "pt")
+    assert exported.keys() and all("experts" in key for key in exported.keys())
+    # the merged model each run exported: the experts' blocks gathered from the ep ranks
+    split, whole = (load_file(str(next((tmp_path / run / "hf").glob("*.safetensors"))))
+                    for run in ("ep2", "ep1"))
+    assert split.keys() == whole.keys()
+    assert all(torch.allclose(split[key], whole[key], atol=1e-6) for key in split)
 
 
 def test_target_modules_that_match_nothing_name_the_model_s_linear_layers() -> None:

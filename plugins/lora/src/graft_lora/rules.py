@@ -14,22 +14,13 @@ ON = "features.lora.enabled=true"
 
 
 def lora_fits_the_run(cfg: Any, user_keys: Collection[str]) -> None:
-    """Refuse the settings adapters cannot serve (the rule of ``graft_config_rules``); under
-    expert parallelism the default ``experts`` turns off (the user's ``engine.ep_size`` wins
-    over a default), a ``features.lora.experts=true`` the user set is refused."""
+    """Refuse the settings adapters cannot serve (the rule of ``graft_config_rules``)."""
     section = lora_section(cfg)
     if not section.enabled:
         return
     features = getattr(cfg, "features", None)
     if getattr(getattr(features, "exact", None), "enabled", False):
         exact_decodes_unmerged(section, user_keys)
-    if section.experts and cfg.engine.ep_size > 1:
-        if not was_set("features.lora.experts", user_keys):
-            section.experts = False
-            return
-        raise ConfigError(f"{ON} with features.lora.experts=true and engine.ep_size > 1: expert "
-                          f"adapters are not sharded over expert-parallel ranks yet; set "
-                          f"features.lora.experts=false or engine.ep_size=1")
 
 
 def exact_decodes_unmerged(section: Any, user_keys: Collection[str]) -> None:
