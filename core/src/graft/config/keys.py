@@ -64,6 +64,7 @@ MOVED_KEYS: dict[str, MovedKey] = {
     "algorithm.overlong_penalty": MovedKey("features.dapo.overlong_penalty", 1.0, "graft-dapo"),
     "loss.gspo_rollout_is": MovedKey("features.gspo.rollout_is", "none", "graft-gspo"),
     "loss.gspo_rollout_is_cap": MovedKey("features.gspo.rollout_is_cap", 2.0, "graft-gspo"),
+    "trainer.tensorboard": MovedKey("features.tensorboard.enabled", False, "graft-tensorboard"),
 }
 
 

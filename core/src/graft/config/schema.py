@@ -115,9 +115,6 @@ class TrainerConfig:
     global_batch_size: int = bounded(16, ge=1)
     # Print a step line on the console every this many steps (metrics.jsonl has every step).
     log_every_steps: int = bounded(1, ge=1)
-    # Also write TensorBoard events to <run_dir>/tensorboard (needs `pip install tensorboard`;
-    # without it the run is refused).
-    tensorboard: bool = False
     # RL: generate on the held-out set (data.val_path; without it nothing runs) before the first
     # step, every this many steps and after the last, as the val section says; val/* metrics.
     # SFT: the held-out set's loss at the same steps (val/loss).

@@ -152,7 +152,7 @@ def graft_loss_aggregate(
 @hookspec
 def graft_train_begin(cfg: Any, run_dir: Any, is_main: bool, start_step: int,
                       metrics: dict[str, float]) -> None:
-    """Signal that training begins (a logger opens its run here: graft-wandb).
+    """Signal that training begins (a logger opens its run here: graft-wandb, graft-tensorboard).
 
     When: once per run, right before step ``start_step + 1`` (after the model is built, the
     checkpoint resumed and the record of step 0 logged); on every training rank, not on ranks

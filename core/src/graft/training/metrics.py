@@ -52,12 +52,11 @@ class MetricsLog:
     """Appends metrics to ``<run_dir>/metrics.jsonl`` and shows progress; silent off rank 0.
 
     ``start_step``: the step training continues after (0 for a new run), from which the
-    time left is estimated; with ``tensorboard`` the event files' records of later steps
-    (written before a crash, done again now) are superseded.
+    time left is estimated.
     """
 
     def __init__(self, run_dir: Path, *, total_steps: int, enabled: bool,
-                 tensorboard: bool = False, start_step: int = 0) -> None:
+                 start_step: int = 0) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
         self.total_steps = total_steps
@@ -65,10 +64,6 @@ class MetricsLog:
         self.history: list[dict[str, Any]] = []
         self._progress: Any = None
         self._task: Any = None
-        # A resumed run purges the steps after its checkpoint; a new run everything (step 0 on).
-        purge = start_step + 1 if start_step > 0 else 0
-        self._tensorboard = (_tensorboard_writer(run_dir, purge_step=purge)
-                             if (enabled and tensorboard) else None)
         self.started = time.perf_counter()
 
     def __enter__(self) -> MetricsLog:
@@ -88,8 +83,6 @@ class MetricsLog:
             self._progress.__exit__(*exc)
             self._restore_logging()
             _live_console = None
-        if self._tensorboard is not None:
-            self._tensorboard.close()
 
     def log(self, metrics: dict[str, Any], *, print_line: bool = True) -> None:
         """Record one step's metrics (must contain ``step``)."""
@@ -98,10 +91,6 @@ class MetricsLog:
             return
         with self.path.open("a") as handle:
             handle.write(json_line(metrics) + "\n")
-        if self._tensorboard is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and key != "step":
-                    self._tensorboard.add_scalar(key, value, metrics["step"])
         if self._progress is not None:
             # One column spare: a terminal may wrap a line that fills the last one.
             width = self._progress.console.width - 1
@@ -225,25 +214,6 @@ def _finite(value: Any, key: str, nonfinite: dict[str, str]) -> Any:
     if isinstance(value, dict):
         return {k: _finite(item, f"{key}.{k}", nonfinite) for k, item in value.items()}
     return value
-
-
-def require_tensorboard() -> None:
-    """`ConfigError` naming the pip command when ``trainer.tensorboard=true`` cannot write
-    TensorBoard events (the tensorboard package is not installed); call it before the model
-    loads."""
-    from graft.errors import ConfigError
-
-    try:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError(f"trainer.tensorboard=true needs the tensorboard package ({exc}): "
-                          f"`pip install tensorboard`, or set trainer.tensorboard=false") from exc
-
-
-def _tensorboard_writer(run_dir: Path, *, purge_step: int) -> Any:
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge_step)
 
 
 def print_summary(history: list[dict[str, Any]], run_dir: Any, *,

@@ -31,7 +31,6 @@ from graft.training.metrics import (
     console_print,
     peak_memory_gib,
     print_summary,
-    require_tensorboard,
 )
 from graft.training.optim import build_optimizer, build_scheduler
 from graft.training.run_dir import (
@@ -85,8 +84,6 @@ class Trainer:
         self.run_dir = resolve_run_dir(cfg, is_main=self.env.is_main)
         written = cfg
         self.cfg = cfg = self._resolve_auto(cfg)
-        if cfg.trainer.tensorboard:
-            require_tensorboard()  # before the model loads, not after
         self.checkpoints = CheckpointManager(self.run_dir, cfg.checkpoint, self.env)
         self.resume_from = self.checkpoints.resume_path()
         self.finished_step = finished_step(self.resume_from, cfg.trainer.total_steps)
@@ -254,7 +251,6 @@ class Trainer:
         every = max(1, self.cfg.trainer.log_every_steps)
         try:
             with MetricsLog(self.run_dir, total_steps=total, enabled=self.env.is_main,
-                            tensorboard=self.cfg.trainer.tensorboard,
                             start_step=self.step) as log:
                 before = self._after_step(0) if self.step == 0 else {}
                 if before:
