@@ -373,3 +373,41 @@ def test_a_base_built_in_bf16_gets_fp32_adapters_that_compute_in_its_dtype() -> 
     model(tokens()).logits.float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32
                for _, p in adapter_parameters(model))
+
+
+@torch.no_grad()
+def test_the_decode_copy_s_adapted_blocks_share_one_compiled_graph(monkeypatch) -> None:
+    # graft-graphed-decode compiles one decode graph for every block (fullgraph): the adapters
+    # installed in the decode copy must not make each block compile again (forward hooks on
+    # the experts did: recompile limit hit on a 32-layer MoE on the GPU)
+    import functools
+
+    from transformers import StaticCache
+
+    from graft.models.family import standard_decoder_blocks
+    from graft_graphed_decode import regional_compile
+    from graft_lora.rollout_adapter import PeftRolloutAdapter
+
+    cfg = compose(["model.preset=tiny-qwen3-moe", "+model.overrides.num_hidden_layers=10", *RUN])
+    trained, _ = build_model(cfg.model)
+    apply_lora(trained, cfg.features.lora, seed=0)
+    for name, param in trained.named_parameters():
+        if "lora_B" in name:
+            param.normal_()  # adapters that change the output
+    copy, _ = build_model(cfg.model)
+    copy.load_state_dict(trained.state_dict(), strict=False)
+    PeftRolloutAdapter(trained, cfg).install(copy.eval())
+    monkeypatch.setattr(regional_compile.torch, "compile",
+                        functools.partial(torch.compile, backend="eager"))
+    regional_compile.compile_decoder_blocks(standard_decoder_blocks(copy))
+    torch._dynamo.reset()
+    ids = torch.tensor([[3, 4, 5], [6, 7, 8]])
+    cache = StaticCache(config=copy.config, max_cache_len=8)
+    token = copy(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+    with regional_compile.compiled_blocks():
+        for position in range(3, 6):
+            logits = copy(input_ids=token, position_ids=torch.tensor([[position]] * 2),
+                          past_key_values=cache, use_cache=True).logits[:, -1]
+            token = logits.argmax(-1, keepdim=True)
+    assert torch.allclose(copy(input_ids=ids).logits, trained.eval()(input_ids=ids).logits,
+                          atol=1e-5)

@@ -11,7 +11,8 @@ module (which imports torch) on first access.
   before sharding), `apply_expert_parallel` (experts over ``ep``), `apply_fsdp` with
   `mixed_precision_policy`; `parallelize_standard` is the core's own composition of them.
 * Expert-parallel pieces for a hand-written experts forward: `shard_experts`,
-  `dispatch_tokens`, `combine_tokens`, `grouped_linear`, `local_expert_weight`.
+  `dispatch_tokens`, `combine_tokens`, `grouped_linear`, `expert_weight`,
+  `local_expert_weight`.
 * Sequence parallelism, for a plugin whose attention spans the ``sp`` ranks
   (`graft.engine.distributed.sequence_parallel`): `SequenceShard` (this rank's part of every row) and
   `active_shard` (the shard of the split forward running now, or None).
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
         apply_expert_parallel,
         combine_tokens,
         dispatch_tokens,
+        expert_weight,
         grouped_linear,
         local_expert_weight,
         shard_experts,
@@ -102,6 +104,7 @@ __all__ = [
     "combine_tokens",
     "compute",
     "dispatch_tokens",
+    "expert_weight",
     "grouped_linear",
     "local_expert_weight",
     "mixed_precision_policy",
@@ -118,7 +121,7 @@ _MODULE_OF = {
     **dict.fromkeys(["DistEnv", "broadcast_object", "ranks_share_gpus"],
                     "graft.engine.distributed.env"),
     **dict.fromkeys(["apply_expert_parallel", "combine_tokens", "dispatch_tokens",
-                     "grouped_linear", "local_expert_weight", "shard_experts"],
+                     "expert_weight", "grouped_linear", "local_expert_weight", "shard_experts"],
                     "graft.engine.distributed.expert_parallel"),
     "ParallelMeshes": "graft.engine.distributed.parallel_dims",
     **dict.fromkeys(["apply_activation_checkpointing", "apply_compile", "apply_fsdp",

@@ -50,13 +50,35 @@ class LinearAdapter:
 
 
 class ExpertsAdapter:
-    """Mixin of an adapted fused-experts module: while its forward runs, each adapted 3-D
-    weight reads as ``weight + scale * B @ A`` (computed once per forward, by forward hooks,
-    so that a forward installed on the instance, expert parallelism's, reads them too)."""
+    """Mixin of an adapted fused-experts module: while the class's forward runs, each adapted
+    3-D weight reads as ``weight + scale * B @ A`` (computed once per forward: an expert kernel
+    may read a weight once per expert); a forward installed on the instance (expert
+    parallelism's) reads them through `expert_weight`."""
 
     lora_weights: tuple[str, ...]
     lora_scale: float
     lora_transposed: bool
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 (the class's, merged)
+        self.__dict__["_lora_merged"] = {name: self.merged_weight(name)
+                                         for name in self.lora_weights}
+        try:
+            return super().forward(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.__dict__["_lora_merged"] = None
+
+    def merged_weight(self, weight: str) -> torch.Tensor:
+        """``weight + scale * B @ A`` in the weight's dtype (under expert parallelism: this
+        rank's experts, DTensors over ``ep``, and so is the sum)."""
+        base = self._parameters[weight]  # type: ignore[attr-defined]
+        return base + self.weight_delta(weight).to(base.dtype)
+
+    def expert_weight(self, name: str) -> torch.Tensor | None:
+        """The weight ``name`` as the forward computes with it (`graft.engine.expert_weight`):
+        merged with its adapters where it has them."""
+        if name in self.lora_weights:
+            return self.merged_weight(name)
+        return getattr(self, name, None)
 
     def adapted_weights(self) -> dict[str, tuple[str, str]]:
         """``{base weight: (A's name, B's name)}``."""
@@ -69,25 +91,6 @@ class ExpertsAdapter:
         b = getattr(self, f"lora_B_{weight}")
         delta = torch.bmm(b, a) * self.lora_scale
         return delta.transpose(1, 2) if self.lora_transposed else delta
-
-
-def _merge_adapters(module: Any, args: Any) -> None:
-    """Forward pre-hook of an adapted experts module (after FSDP2's, which gathers the
-    weights): each adapted weight merged with its adapters' product for this forward. Under
-    expert parallelism the weights and adapters are this rank's experts (DTensors over ``ep``)
-    and so is the sum."""
-    module.__dict__["_lora_merged"] = {
-        name: module._parameters[name] + module.weight_delta(name).to(module._parameters[name].dtype)
-        for name in module.lora_weights}
-
-
-def _drop_merged(module: Any, args: Any, output: Any) -> None:
-    module.__dict__["_lora_merged"] = None
-
-
-def _merge_on_forward(module: nn.Module) -> None:
-    module.register_forward_pre_hook(_merge_adapters)
-    module.register_forward_hook(_drop_merged, always_call=True)
 
 
 def _merged_weight(name: str) -> property:
@@ -144,7 +147,6 @@ def adapt_experts(module: nn.Module, *, rank: int, scale: float) -> None:
                                   nn.Parameter(torch.zeros(experts, fan_out, rank, **factory)))
     module.lora_weights, module.lora_scale, module.lora_transposed = weights, scale, transposed
     module.__class__ = _adapted_class(ExpertsAdapter, type(module), weights)
-    _merge_on_forward(module)
 
 
 @torch.no_grad()
@@ -164,8 +166,6 @@ def mirror_adapters(copy: nn.Module, adapted: nn.Module, values: dict[str, torch
                 setattr(copy, setting, getattr(adapted, setting))
         mixin = ExpertsAdapter if isinstance(adapted, ExpertsAdapter) else LinearAdapter
         copy.__class__ = _adapted_class(mixin, type(copy), getattr(adapted, "lora_weights", ()))
-        if mixin is ExpertsAdapter:
-            _merge_on_forward(copy)
     for name, value in values.items():
         copy.get_buffer(name).copy_(value)
 

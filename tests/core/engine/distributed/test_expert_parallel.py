@@ -115,3 +115,21 @@ def test_ep_size_must_divide_the_experts_and_the_ranks(run_graft, plugin_sites) 
     result = run_graft(["train", "engine.ep_size=2", "trainer.total_steps=1"], site=site)
     assert result.returncode == 2
     assert "engine.ep_size=2 must be a positive divisor of the world size 1" in result.stderr
+
+
+def test_an_expert_parallel_forward_reads_the_weights_a_module_computes_with() -> None:
+    from graft.engine import expert_weight
+
+    class Experts(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.down_proj = torch.nn.Parameter(torch.ones(2, 3, 4))
+
+    class Adapted(Experts):
+        def expert_weight(self, name: str) -> torch.Tensor | None:
+            return getattr(self, name) * 2  # what an adapter's merged weight is to its forward
+
+    plain, adapted = Experts(), Adapted()
+    assert expert_weight(plain, "down_proj") is plain.down_proj
+    assert expert_weight(plain, "down_proj_bias") is None
+    assert torch.equal(expert_weight(adapted, "down_proj"), 2 * adapted.down_proj)

@@ -12,7 +12,8 @@ Model-family plugins that support ``engine.ep_size > 1`` compose these helpers i
   convention (``@use_experts_implementation``: ``gate_up_proj``/``down_proj`` with optional
   biases, ``is_transposed``, ``_apply_gate``): its forward becomes dispatch -> one grouped GEMM
   per projection over the local experts -> combine. A hand-written expert-parallel forward
-  reads its weights through `local_expert_weight` (the gradient scale FSDP2 needs).
+  reads its weights through `expert_weight` (what a plugin's adapted experts compute with) and
+  `local_expert_weight` (the gradient scale FSDP2 needs).
 """
 
 from __future__ import annotations
@@ -146,6 +147,16 @@ def local_expert_weight(param: torch.Tensor | None, ep: int) -> torch.Tensor | N
     return _ScaleGrad.apply(local, 1.0 / ep) if ep > 1 else local
 
 
+def expert_weight(experts: torch.nn.Module, name: str) -> torch.Tensor | None:
+    """The weight ``name`` of ``experts`` as its computation uses it: what the module's own
+    ``expert_weight(name)`` returns where it defines one (a plugin's adapted experts: the
+    weight merged with its adapters), else the attribute (None when it has none). An
+    expert-parallel forward, installed on the instance, bypasses the forward a subclass
+    defines, so it reads its weights through this."""
+    read = getattr(experts, "expert_weight", None)
+    return read(name) if read is not None else getattr(experts, name, None)
+
+
 def expert_parameter_names(experts: torch.nn.Module, num_experts: int) -> list[str]:
     """Names of ``experts``' own parameters that hold one slice per expert along dim 0."""
     return [name for name, param in experts.named_parameters(recurse=False)
@@ -163,9 +174,11 @@ def shard_experts(experts: torch.nn.Module, ep_mesh: DeviceMesh, *, num_experts:
         raise ConfigError(f"engine.ep_size={ep} must divide the number of experts "
                           f"({num_experts}) of {type(experts).__name__}")
     for name in expert_parameter_names(experts, num_experts):
-        param = getattr(experts, name)
+        # the parameter itself: a subclass may compute what the attribute reads (an adapter)
+        param = experts._parameters[name]
         sharded = distribute_tensor(param.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
-        setattr(experts, name, torch.nn.Parameter(sharded, requires_grad=param.requires_grad))
+        experts._parameters[name] = torch.nn.Parameter(sharded,
+                                                       requires_grad=param.requires_grad)
 
 
 def _expert_parallel_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -175,7 +188,7 @@ def _expert_parallel_forward(self: Any, hidden_states: torch.Tensor, top_k_index
     rows, counts, plan = dispatch_tokens(hidden_states, top_k_index,
                                          num_experts=self.num_experts, group=group)
     up = "gate_up_proj" if self.has_gate else "up_proj"
-    weight = lambda name: local_expert_weight(getattr(self, name, None), ep)  # noqa: E731
+    weight = lambda name: local_expert_weight(expert_weight(self, name), ep)  # noqa: E731
     out = grouped_linear(rows, weight(up), counts, transposed=self.is_transposed,
                          bias=weight(f"{up}_bias") if self.has_bias else None)
     out = self._apply_gate(out) if self.has_gate else self.act_fn(out)
