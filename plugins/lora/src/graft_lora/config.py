@@ -28,11 +28,13 @@ class LoraConfig:
     # Give every fused 3-D expert weight (an ``experts`` module's gate_up_proj, down_proj, ...)
     # adapters of its own per expert.
     experts: bool = True
-    # How a rollout engine that loads adapters itself (graft-vllm) follows the trainer:
-    # ``adapter``: the frozen base once, then only the adapters after each update (the engine's
-    # LoRA loading; where it cannot serve the targets, a config error names this key);
-    # ``merged``: every weight, merged with the adapters' product, at every sync; ``auto``:
-    # adapter where the engine can serve the targets, else merged (the run says which).
+    # How a rollout engine follows the trainer: ``adapter``: the frozen base once, then only
+    # the adapters after each update (graft-vllm: the engine's LoRA loading, where it cannot
+    # serve the targets a config error names this key; the embedded engine's decode copy:
+    # shares the trainer's frozen base and applies the adapters unmerged); ``merged``: every
+    # weight, merged with the adapters' product, at every sync; ``auto``: for vLLM adapter where
+    # it can serve the targets, else merged (the run says which); for the decode copy merged
+    # (the faster decode), adapter under features.exact.
     engine_sync: str = choice("auto", ("auto", "adapter", "merged"))
 
 
