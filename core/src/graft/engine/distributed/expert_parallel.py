@@ -174,11 +174,9 @@ def shard_experts(experts: torch.nn.Module, ep_mesh: DeviceMesh, *, num_experts:
         raise ConfigError(f"engine.ep_size={ep} must divide the number of experts "
                           f"({num_experts}) of {type(experts).__name__}")
     for name in expert_parameter_names(experts, num_experts):
-        # the parameter itself: a subclass may compute what the attribute reads (an adapter)
-        param = experts._parameters[name]
+        param = getattr(experts, name)
         sharded = distribute_tensor(param.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
-        experts._parameters[name] = torch.nn.Parameter(sharded,
-                                                       requires_grad=param.requires_grad)
+        setattr(experts, name, torch.nn.Parameter(sharded, requires_grad=param.requires_grad))
 
 
 def _expert_parallel_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
