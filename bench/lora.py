@@ -23,7 +23,8 @@ the decode copy shares the frozen base; ``model.dtype=bfloat16``: the base built
 smaller one (79.2: an H100's).
 
 Rollout tokens/s are the generated tokens over the generation's seconds; update tokens/s every
-token of the step over the rest of the step. The first step (warm-up) is left out.
+token of the step over the rest of the step. The first ``--warmup`` steps of every part (1 by
+default; compilation, the allocator's growth) are left out of its means.
 
     python3 bench/lora.py --out $OUT/results/lora.json                    # every part
     python3 bench/lora.py --parts graft trl --tiny --out /tmp/lora.json   # CPU smoke test
@@ -131,7 +132,7 @@ def graft_part(args: argparse.Namespace, *, shape: str, lora: bool = True,
         total = sum(p.numel() for p in model.parameters())
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
         history = trainer.fit()
-    steady = history[1:] or history
+    steady = history[args.warmup:] or history
     update_s = mean(r["update_s"] for r in steady)
     return {"shape": shape, "lora": lora, "overrides": list(extra),
             "parameters": total, "trained_parameters": trained,
@@ -225,7 +226,7 @@ def trl_part(args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats()
         trainer.train()
         peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
-    steady = steps[1:] or steps
+    steady = steps[args.warmup:] or steps
     prompt_tokens = len(tokenizer(f"{PROMPT} 0")["input_ids"])
     tokens = [s["generated"] + prompt_tokens * args.prompts * args.n for s in steady]
     return {"shape": "qwen3-8b", "settings": {k: v for k, v in settings.items()
@@ -327,6 +328,8 @@ def main() -> None:
     parser.add_argument("--largest", choices=list(SHAPES), default="qwen3-14b")
     parser.add_argument("--moe", choices=list(SHAPES), default="qwen3-30b-a3b-16-layers")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="first steps of every part left out of its means")
     parser.add_argument("--graft-overrides", nargs="*", default=[],
                         help="settings every Graft part adds (features.lora.engine_sync=adapter)")
     parser.add_argument("--memory-cap-gib", type=float, default=None,
@@ -341,7 +344,10 @@ def main() -> None:
         Path(args.part_out).write_text(json.dumps(PARTS[args.part](args)))
         return
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-                              "measures": MEASURES, "device": device_name(),
+                              "measures": (MEASURES if {"graft", "trl"} <= set(args.parts) else
+                                           f"bench/lora.py's parts {', '.join(args.parts)}: "
+                                           f"each part's shape and settings in its row"),
+                              "device": device_name(),
                               "memory_cap_gib": args.memory_cap_gib, "parts": {}}
     for name, limit in zip(args.parts, args.limits, strict=False):
         result["parts"][name] = run_part(name, args, limit)

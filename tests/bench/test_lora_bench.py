@@ -15,8 +15,9 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 def test_the_parts_run_in_their_own_processes_and_report(tmp_path: Path) -> None:
     out = tmp_path / "lora.json"
     done = subprocess.run([sys.executable, str(BENCH / "lora.py"), "--parts", "graft", "full",
-                           "--limits", "200", "200", "--tiny", "--steps", "2", "--prompts", "2",
-                           "--n", "2", "--max-new-tokens", "6", "--rank", "4", "--out", str(out)],
+                           "--limits", "200", "200", "--tiny", "--steps", "3", "--warmup", "2",
+                           "--prompts", "2", "--n", "2", "--max-new-tokens", "6", "--rank", "4",
+                           "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     parts = json.loads(out.read_text())["parts"]
@@ -26,4 +27,6 @@ def test_the_parts_run_in_their_own_processes_and_report(tmp_path: Path) -> None
     for row in (lora, full):
         assert row["samples_per_step"] == 4 and row["step_s"] > 0
         assert row["rollout_tokens_per_s"] > 0 and row["update_tokens_per_s"] > 0
-    assert "headline" not in json.loads(out.read_text())  # no TRL row to compare with
+        assert abs(row["step_s"] - row["step_s_per_step"][2]) < 1e-3  # the 2 warm-up steps out
+    result = json.loads(out.read_text())
+    assert "headline" not in result and "TRL" not in result["measures"]  # no TRL row to compare
