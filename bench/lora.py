@@ -17,6 +17,8 @@ of its own (its memory gone after it), under its own time limit, and writes what
 - ``moe``: ``--moe`` shapes (16 of Qwen3-30B-A3B's 48 layers by default) with adapters on the
   attention and on every expert.
 
+``largest`` and ``moe`` run their warm-up steps and one measured step; the others ``--steps``.
+
 ``--graft-overrides`` adds settings to every Graft part (``features.lora.engine_sync=adapter``:
 the decode copy shares the frozen base; ``model.dtype=bfloat16``: the base built in bf16).
 ``--memory-cap-gib`` caps what each part may allocate, so a larger card answers what fits a
@@ -132,7 +134,7 @@ def graft_part(args: argparse.Namespace, *, shape: str, lora: bool = True,
         total = sum(p.numel() for p in model.parameters())
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
         history = trainer.fit()
-    steady = history[args.warmup:] or history
+    steady = history[args.warmup:]
     update_s = mean(r["update_s"] for r in steady)
     return {"shape": shape, "lora": lora, "overrides": list(extra),
             "parameters": total, "trained_parameters": trained,
@@ -226,7 +228,7 @@ def trl_part(args: argparse.Namespace) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats()
         trainer.train()
         peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0
-    steady = steps[args.warmup:] or steps
+    steady = steps[args.warmup:]
     prompt_tokens = len(tokenizer(f"{PROMPT} 0")["input_ids"])
     tokens = [s["generated"] + prompt_tokens * args.prompts * args.n for s in steady]
     return {"shape": "qwen3-8b", "settings": {k: v for k, v in settings.items()
@@ -306,10 +308,11 @@ PARTS = {
     "full": full_part,
     "largest": lambda args: graft_part(
         args, shape=args.largest, max_new_tokens=args.long_tokens, prompts=args.long_prompts,
-        n=4, steps=2,
+        n=4, steps=args.warmup + 1,
         extra=("features.offload.enabled=true", "engine.activation_checkpointing=true",
                f"engine.max_tokens_per_micro_batch={2 * args.long_tokens}")),
-    "moe": lambda args: graft_part(args, shape=args.moe, prompts=4, n=8, steps=2),
+    "moe": lambda args: graft_part(args, shape=args.moe, prompts=4, n=8,
+                                   steps=args.warmup + 1),
 }
 
 
@@ -339,6 +342,8 @@ def main() -> None:
     parser.add_argument("--part", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--part-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not 0 <= args.warmup < args.steps:
+        parser.error(f"--warmup {args.warmup} must leave a step of --steps {args.steps} to measure")
     if args.part:  # a part's own process
         cap_memory(args.memory_cap_gib)
         Path(args.part_out).write_text(json.dumps(PARTS[args.part](args)))
