@@ -1,7 +1,8 @@
-"""Sliding-window attention under ``features.exact.enabled``: a window that holds the run's
-longest sequence changes nothing, so Mistral- and Gemma-3-style models sample exactly what the
-trainer computes (mismatch 0.0, exact fraction 1.0 on every step, with either decode path); a
-shorter window and linear attention are config errors that name what is missing."""
+"""Sliding-window attention under ``features.exact.enabled``: the exact attention applies the
+window (as transformers' eager attention does), and Mistral- and Gemma-3-style models whose
+window is shorter than their sequences sample exactly what the trainer computes (mismatch 0.0,
+exact fraction 1.0 on every step, with either decode path, whose sliding caches then drop
+keys); linear attention is a config error that names what is missing."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from graft.training.trainer import Trainer
 RUN = ("engine.device=cpu", "checkpoint.every_steps=0", "checkpoint.save_at_end=false",
        "export.hf_at_end=false", "trainer.print_sample_every_steps=0",
        "features.exact.enabled=true", "trainer.total_steps=2")
+WINDOW = 8  # keys a query attends: fewer than the runs' prompts plus responses
 WINDOWED = {"mistral": {}, "gemma3_text": {"layer_types": ["sliding_attention", "full_attention"],
                                            "query_pre_attn_scalar": 16}}
 
@@ -43,25 +45,35 @@ def windowed_checkpoint(folder: Path, model_type: str, window: int) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("decode", ["dynamic", "static"])
 @pytest.mark.parametrize("model_type", sorted(WINDOWED))
-def test_a_window_that_holds_the_sequence_samples_exactly(tmp_path: Path, model_type: str,
-                                                          decode: str) -> None:
-    folder = windowed_checkpoint(tmp_path / "model", model_type, window=4096)
+def test_a_window_shorter_than_the_sequences_samples_exactly(tmp_path: Path, model_type: str,
+                                                             decode: str) -> None:
+    folder = windowed_checkpoint(tmp_path / "model", model_type, window=WINDOW)
     cfg = compose([f"model.path={folder}", f"trainer.run_dir={tmp_path / 'run'}", *RUN,
-                   f"rollout.decode={decode}"])
+                   f"rollout.decode={decode}", "rollout.max_new_tokens=24"])
     rows = Trainer(cfg).fit()
+    assert min(r["response_length"] for r in rows) > WINDOW  # the caches dropped keys
     assert [(r["train_infer_logprob_diff"], r["train_infer_logprob_exact_fraction"])
             for r in rows] == [(0.0, 1.0)] * 2
 
 
-def test_a_window_shorter_than_the_runs_sequences_is_refused_naming_them(tmp_path: Path) -> None:
-    folder = windowed_checkpoint(tmp_path / "model", "mistral", window=32)
-    base = [f"model.path={folder}", "features.exact.enabled=true", "data.max_prompt_tokens=24"]
-    assert compose([*base, "rollout.max_new_tokens=8"]).features.exact.enabled  # 32 tokens
-    with pytest.raises(ConfigError, match=r"sliding_window=32\) is shorter than this run's "
-                       r"sequences \(data.max_prompt_tokens \+ rollout.max_new_tokens .*= 33"):
-        compose([*base, "rollout.max_new_tokens=9"])
-    with pytest.raises(ConfigError, match="features.multiturn.max_episode_tokens"):
-        compose([*base, "features.multiturn.environment=calculator"])
+@pytest.mark.parametrize("model_type", sorted(WINDOWED))
+def test_the_exact_attention_applies_the_window(tmp_path: Path, model_type: str) -> None:
+    from graft_exact.attention import EXACT_ATTENTION, register_exact_attention
+    from transformers import AutoModelForCausalLM
+
+    register_exact_attention()
+    folder = windowed_checkpoint(tmp_path / "model", model_type, window=WINDOW)
+    tokens = torch.randint(3, 60, (2, 4 * WINDOW), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for name, implementation, window in [("eager", "eager", WINDOW),
+                                         ("exact", EXACT_ATTENTION, WINDOW),
+                                         ("unwindowed", "eager", 4096)]:
+        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation=implementation,
+                                                     sliding_window=window).eval()
+        with torch.no_grad():
+            logits[name] = model(tokens).logits
+    torch.testing.assert_close(logits["exact"], logits["eager"], rtol=0, atol=1e-5)
+    assert (logits["unwindowed"] - logits["eager"])[:, WINDOW:].abs().max() > 1e-2
 
 
 def test_linear_attention_is_refused_naming_it() -> None:

@@ -14,9 +14,10 @@ class ExactConfig:
     # token's logits with batch-invariant kernels (fixed-tile products, attention over each
     # query's own key window, pairwise-tree reductions), so the rollout's sampling log-probs
     # equal the trainer's bit for bit (train_infer_logprob_diff 0.0,
-    # train_infer_logprob_exact_fraction 1.0). Needs rollout.engine=embedded and a model of full
-    # causal attention (a ConfigError names what cannot be served); turns graft-graphed-decode's
-    # features.graphed_decode.fuse_kernels off. Costs: this plugin's README.md.
+    # train_infer_logprob_exact_fraction 1.0). Needs rollout.engine=embedded and a model of
+    # softmax attention, sliding windows included (a ConfigError names what cannot be served);
+    # turns graft-graphed-decode's features.graphed_decode.fuse_kernels off. Costs: this
+    # plugin's README.md.
     enabled: bool = False
 
 

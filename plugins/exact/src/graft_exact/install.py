@@ -14,17 +14,15 @@ from graft_exact.rotary import install_exact_rotary
 from graft_exact.support import check_exact_support
 
 
-def install_exact_kernels(model: torch.nn.Module, family: Any = None, *,
-                          longest: tuple[int, str] | None = None) -> None:
+def install_exact_kernels(model: torch.nn.Module, family: Any = None) -> None:
     """Make ``model`` (a transformers ``PreTrainedModel``, before sharding) attend with
     `graft_exact.attention` and run its MoE experts with `graft_exact.experts`
     (experts of another layout: transformers' ``eager`` loop; grouped GEMMs have no exact
     kernel), its Llama-form RMSNorms and rotary embedding with `graft_exact.norm` and
     `graft_exact.rotary` (one kernel each on CUDA);
     the products and reductions become exact inside `graft_exact.exact_kernels`. A
-    model the kernels cannot serve in a run of sequences of at most ``longest`` tokens is a
-    `ConfigError` (`check_exact_support`)."""
-    check_exact_support(model.config, family, longest=longest)
+    model the kernels cannot serve is a `ConfigError` (`check_exact_support`)."""
+    check_exact_support(model.config, family)
     register_exact_attention()
     model.set_attn_implementation(EXACT_ATTENTION)
     if grouped_experts_supported(model):

@@ -41,7 +41,7 @@ def graft_pre_shard(model: Any, cfg: Any) -> None:
     """The exact attention, experts, norms and rotary embedding on the model (the policy and
     the frozen reference: both compute the log-probs the rollout's are compared with)."""
     if exact_enabled(cfg):
-        _install(model, cfg)
+        _install(model)
 
 
 @hookimpl
@@ -50,7 +50,7 @@ def graft_inference_copy(model: Any, cfg: Any) -> None:
     Whether the copy has them cannot be read from its config: copied from the policy's, it
     names the exact attention already, while the copy's norms are still its class's own."""
     if exact_enabled(cfg) and model not in _COPIES_WITH_KERNELS:
-        _install(model, cfg)
+        _install(model)
         _COPIES_WITH_KERNELS.add(model)
 
 
@@ -67,10 +67,8 @@ def graft_compute(step: str, cfg: Any) -> Generator[None, Any, Any]:
         return (yield)
 
 
-def _install(model: Any, cfg: Any) -> None:
+def _install(model: Any) -> None:
     from graft.models import family_for
     from graft_exact.install import install_exact_kernels
-    from graft_exact.support import longest_sequence
 
-    install_exact_kernels(model, family_for(model.config.model_type),
-                          longest=longest_sequence(cfg))
+    install_exact_kernels(model, family_for(model.config.model_type))

@@ -1,14 +1,13 @@
 """What ``features.exact.enabled`` cannot serve, as `ConfigError`s that say so and how to proceed.
 
 The exact attention (`graft_exact.attention`) attends every query to one contiguous range of
-keys with plain softmax weights: attention sinks, sparse indexers (DeepSeek-V4) and linear
-attention compute something else, and a model family can refuse for a reason of its own
-(``ModelFamily.extras["exact"]["unsupported"]``). A sliding window no shorter than the run's
-longest sequence (`longest_sequence`) attends the whole causal context, so those layers are
-served; a shorter one is refused (the decode's sliding cache keeps its keys in another
-order). The rollout must be the embedded engine (a separate engine computes with its own
-kernels), and nothing may compile the model's forward or decode step (inductor would fuse the
-exact kernels into kernels of its own order).
+keys with plain softmax weights: a sliding window is such a range (the trainer's mask and the
+decode's sliding cache hold the same keys in the same order), but attention sinks, sparse
+indexers (DeepSeek-V4) and linear attention compute something else, and a model family can
+refuse for a reason of its own (``ModelFamily.extras["exact"]["unsupported"]``). The rollout
+must be the embedded engine (a separate engine computes with its own kernels), and nothing may
+compile the model's forward or decode step (inductor would fuse the exact kernels into kernels
+of its own order).
 """
 
 from __future__ import annotations
@@ -27,52 +26,22 @@ OFF = "set features.exact.enabled=false"
 FUSED_DECODE = "features.graphed_decode.fuse_kernels"
 
 
-SLIDING = "sliding_attention"
+ATTENTION_LAYERS = ("full_attention", "sliding_attention")
 
 
-def longest_sequence(cfg: Any) -> tuple[int, str]:
-    """The most tokens one sequence of the run ``cfg`` can hold (prompt and response), and the
-    settings that bound it (for messages)."""
-    prompt = cfg.data.max_prompt_tokens
-    if cfg.trainer.mode == "sft":
-        return prompt + cfg.data.max_response_tokens, \
-            "data.max_prompt_tokens + data.max_response_tokens"
-    multiturn = getattr(getattr(cfg, "features", None), "multiturn", None)
-    if multiturn is not None and getattr(multiturn, "environment", "none") != "none":
-        return prompt + multiturn.max_episode_tokens, \
-            "data.max_prompt_tokens + features.multiturn.max_episode_tokens"
-    response = max(cfg.rollout.max_new_tokens, cfg.val.max_new_tokens or 0)
-    return prompt + response, \
-        "data.max_prompt_tokens + rollout.max_new_tokens (val.max_new_tokens)"
-
-
-def check_exact_support(config: Any, family: Any = None, *,
-                        longest: tuple[int, str] | None = None) -> None:
+def check_exact_support(config: Any, family: Any = None) -> None:
     """Raise `ConfigError` when the exact kernels cannot serve a model of ``config`` (a
-    transformers config) of ``family`` (a `graft.models.ModelFamily`, optional) in a run whose
-    sequences hold at most ``longest`` tokens (`longest_sequence`; None: any length, so a
-    sliding window is refused)."""
+    transformers config) of ``family`` (a `graft.models.ModelFamily`, optional)."""
     model_type = getattr(config, "model_type", "?")
     reason = (getattr(family, "extras", None) or {}).get("exact", {}).get("unsupported")
     if reason:
         raise ConfigError(f"{ON} cannot serve model_type {model_type!r}: {reason}; {OFF}")
     layer_types = getattr(config, "layer_types", None) or ()
-    other = sorted({kind for kind in layer_types if kind not in ("full_attention", SLIDING)})
+    other = sorted({kind for kind in layer_types if kind not in ATTENTION_LAYERS})
     if other:
         raise ConfigError(f"{ON} cannot serve model_type {model_type!r}: its {', '.join(other)} "
-                          f"layers compute no softmax attention over the causal context, the "
+                          f"layers compute no softmax attention over a range of keys, the "
                           f"one thing the exact attention computes; {OFF}")
-    window = getattr(config, "sliding_window", None)
-    sliding = SLIDING in layer_types or (window is not None and not layer_types and getattr(
-        config, "use_sliding_window", True) is not False)
-    if sliding and (longest is None or window is None or window < longest[0]):
-        bound = ("" if longest is None else
-                 f" than this run's sequences ({longest[1]} = {longest[0]} tokens)")
-        raise ConfigError(f"{ON} cannot serve model_type {model_type!r}: its sliding-window "
-                          f"attention (sliding_window={window}) is shorter{bound}, and the "
-                          f"exact attention serves a window only where it holds the whole "
-                          f"sequence; shorten the run's sequences to at most {window} tokens "
-                          f"or {OFF}")
 
 
 def check_exact_settings(cfg: Any) -> None:
@@ -119,4 +88,4 @@ def exact_needs_what_it_can_serve(cfg: Any, manager: Any) -> None:
     from graft.models import resolve_config
 
     config, family = resolve_config(cfg.model, manager)
-    check_exact_support(config, family, longest=longest_sequence(cfg))
+    check_exact_support(config, family)
