@@ -10,12 +10,15 @@
    Qwen3-MoE layer (128 experts, top-8, hidden 2048) against transformers' eager loop: the
    largest difference, and whether the first token's output is bit-equal alone, in a batch of
    256 (a decode step) and of 4096 (a training micro-batch).
-4. ``rl``: ``graft train features.exact.enabled=true`` on the tiny dense and MoE presets on the GPU (the
-   static decode loop from CUDA graphs): each step's ``train_infer_logprob_diff`` and exact
-   fraction (0.0 and 1.0 on every step), and the step times.
+4. ``rl``: ``graft train features.exact.enabled=true`` on the tiny dense and MoE presets
+   (``--presets``) on the GPU (the static decode loop from CUDA graphs where it serves the model):
+   each step's ``train_infer_logprob_diff`` and exact fraction (0.0 and 1.0 on every step), and
+   the step times.
 
     python3 bench/gpu/exact_check.py --out $OUT/exact_check.json
-    python3 bench/gpu/exact_check.py --device cpu --steps 2   # smoke test (parts 2 and 3)
+    python3 bench/gpu/exact_check.py --device cpu --steps 2   # smoke test (parts 2 and 4)
+    python3 bench/gpu/exact_check.py --parts rl --presets tiny-gpt-oss \
+        --rl-overrides +model.overrides.sliding_window=8   # sinks, a window shorter than the run's
 
 The result file is written after every part (a device call's time limit keeps what is done).
 """
@@ -123,14 +126,15 @@ def experts_invariance(device: str, *, hidden_size: int = 2048, intermediate: in
             "batches": list(batches)}
 
 
-def rl_run(folder: Path, device: str, steps: int, preset: str) -> dict[str, Any]:
+def rl_run(folder: Path, device: str, steps: int, preset: str,
+           extra: list[str]) -> dict[str, Any]:
     rows = graft.train(overrides=[
         f"trainer.run_dir={folder}", f"engine.device={device}", f"model.preset={preset}",
         "features.exact.enabled=true", "rollout.decode=static", "rollout.prompts_per_step=8", "rollout.n=4",
         "rollout.max_new_tokens=24", f"trainer.total_steps={steps}", "checkpoint.every_steps=0",
         "checkpoint.save_at_end=false", "export.hf_at_end=false",
-        "trainer.print_sample_every_steps=0"])
-    return {"steps": [{k: r.get(k) for k in RL_KEYS} for r in rows],
+        "trainer.print_sample_every_steps=0", *extra])
+    return {"overrides": extra, "steps": [{k: r.get(k) for k in RL_KEYS} for r in rows],
             "exact_every_step": all(r["train_infer_logprob_diff"] == 0.0
                                     and r["train_infer_logprob_exact_fraction"] == 1.0
                                     for r in rows)}
@@ -141,6 +145,12 @@ def main() -> None:
     parser.add_argument("--out", default="exact_check.json")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--parts", nargs="+", default=["gradients", "model_gradients", "experts", "rl"],
+                        choices=["gradients", "model_gradients", "experts", "rl"])
+    parser.add_argument("--presets", nargs="+", default=["tiny-llama", "tiny-qwen3-moe"],
+                        help="the rl part's presets")
+    parser.add_argument("--rl-overrides", nargs="*", default=[],
+                        help="settings the rl part's runs add (+model.overrides.sliding_window=8)")
     args = parser.parse_args()
     report: dict[str, Any] = {}
 
@@ -149,14 +159,16 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(report, indent=2))
         print(part, json.dumps(value), flush=True)
 
-    if args.device == "cuda":
+    if args.device == "cuda" and "gradients" in args.parts:
         save("gradients", [attention_gradients("cuda", d) for d in (torch.bfloat16, torch.float32)])
-    save("model_gradients", model_gradients(args.device))
-    if args.device == "cuda":
+    if "model_gradients" in args.parts:
+        save("model_gradients", model_gradients(args.device))
+    if args.device == "cuda" and "experts" in args.parts:
         save("experts", experts_invariance("cuda"))
     with tempfile.TemporaryDirectory() as root:
-        for preset in ("tiny-llama", "tiny-qwen3-moe"):
-            save(f"rl_{preset}", rl_run(Path(root) / preset, args.device, args.steps, preset))
+        for preset in args.presets if "rl" in args.parts else ():
+            save(f"rl_{preset}", rl_run(Path(root) / preset, args.device, args.steps, preset,
+                                        args.rl_overrides))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The exact attention: a query's output depends only on the keys it attends (from its sample's
 first token), whatever the tensor holding them: a packed training row, a left-padded prefill
-or a decode step over a longer cache give the same bits."""
+or a decode step over a longer cache give the same bits, with and without attention sinks."""
 
 from __future__ import annotations
 
@@ -12,8 +12,12 @@ from graft_exact.attention import ExactAttentionError, exact_attention_forward
 HEADS, KV_HEADS, DIM = 4, 2, 32
 
 
-def attend(query, key, value, mask):
-    return exact_attention_forward(torch.nn.Module(), query, key, value, mask, scaling=0.2)[0]
+SINKS = torch.tensor([0.5, -1.0, 2.0, 0.0])  # a sink logit per query head
+
+
+def attend(query, key, value, mask, sinks=None):
+    return exact_attention_forward(torch.nn.Module(), query, key, value, mask, scaling=0.2,
+                                   s_aux=sinks)[0]
 
 
 def samples(lengths: list[int], seed: int = 0) -> list[tuple[torch.Tensor, ...]]:
@@ -23,7 +27,7 @@ def samples(lengths: list[int], seed: int = 0) -> list[tuple[torch.Tensor, ...]]
              torch.randn(KV_HEADS, n, DIM, generator=generator)) for n in lengths]
 
 
-def packed(parts, pad: int = 3):
+def packed(parts, pad: int = 3, sinks=None):
     """One row: the samples back to back then ``pad`` pad tokens; a block-diagonal causal
     boolean mask. Returns the outputs per sample ``(n, H, D)``."""
     q = torch.cat([p[0] for p in parts] + [torch.randn(HEADS, pad, DIM)], dim=1)[None]
@@ -33,22 +37,24 @@ def packed(parts, pad: int = 3):
                         + [torch.full((pad,), len(parts))])
     slots = torch.arange(len(segment))
     mask = (segment[:, None] == segment[None, :]) & (slots[None, :] <= slots[:, None])
-    out = attend(q, k, v, mask[None, None])[0]
+    out = attend(q, k, v, mask[None, None], sinks)[0]
     starts = torch.tensor([0] + [p[0].shape[1] for p in parts]).cumsum(0)
     return [out[starts[i]:starts[i + 1]] for i in range(len(parts))]
 
 
-def test_a_sample_attends_the_same_anywhere_in_a_packed_row() -> None:
+@pytest.mark.parametrize("sinks", [None, SINKS])
+def test_a_sample_attends_the_same_anywhere_in_a_packed_row(sinks) -> None:
     parts = samples([5, 17, 9, 33])
-    alone = [packed([p], pad=0)[0] for p in parts]
+    alone = [packed([p], pad=0, sinks=sinks)[0] for p in parts]
     for order in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 3]):
-        for index, out in zip(order, packed([parts[i] for i in order]), strict=True):
+        for index, out in zip(order, packed([parts[i] for i in order], sinks=sinks), strict=True):
             assert torch.equal(out, alone[index])
 
 
-def test_prefill_and_decode_steps_over_a_cache_attend_as_the_packed_row_does() -> None:
+@pytest.mark.parametrize("sinks", [None, SINKS])
+def test_prefill_and_decode_steps_over_a_cache_attend_as_the_packed_row_does(sinks) -> None:
     parts = samples([6, 11, 3], seed=1)
-    trained = packed(parts)
+    trained = packed(parts, sinks=sinks)
     cache = 24
     width = max(p[0].shape[1] for p in parts)
     for row, (q, k, v) in enumerate(parts):
@@ -65,13 +71,13 @@ def test_prefill_and_decode_steps_over_a_cache_attend_as_the_packed_row_does() -
         mask = ((slots[None, :] >= pad) & (slots[None, :] <= slots[:, None])) | \
             (slots[None, :] == slots[:, None])
         out = attend(queries, keys[:, :, :pad + prompt], values[:, :, :pad + prompt],
-                     mask[None, None])
+                     mask[None, None], sinks)
         assert torch.equal(out[0, pad:], trained[row][:prompt])
         # then one query at a time over the whole cache, a mask covering the first slots
         for step in range(prompt, n):
             attended = pad + step + 1 + row  # slots past the last key stay unattended
             valid = (torch.arange(attended) >= pad) & (torch.arange(attended) <= pad + step)
-            out = attend(q[None, :, step:step + 1], keys, values, valid[None, None, None])
+            out = attend(q[None, :, step:step + 1], keys, values, valid[None, None, None], sinks)
             assert torch.equal(out[0, 0], trained[row][step])
 
 
@@ -85,6 +91,34 @@ def test_the_exact_attention_computes_causal_attention() -> None:
     additive = torch.zeros(13, 13).masked_fill(~torch.ones(13, 13, dtype=torch.bool).tril(),
                                                torch.finfo(torch.float32).min)
     assert torch.equal(attend(q[None], k[None], v[None], additive[None, None]), out)
+
+
+def test_attention_sinks_compute_gpt_oss_attention_and_get_its_gradient() -> None:
+    """transformers' GPT-OSS eager attention (a sink logit per head joins the softmax, its
+    weight dropped), values and gradients (query, key, value and the sinks), over a sliding
+    window of 4 keys."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    (q, k, v), = samples([13], seed=4)
+    q, k, v = (t[None].requires_grad_(True) for t in (q, k, v))
+    module = torch.nn.Module()
+    module.sinks = torch.nn.Parameter(SINKS.clone())
+    module.num_key_value_groups, module.training = HEADS // KV_HEADS, False
+    slots = torch.arange(13)
+    window = (slots[None, :] <= slots[:, None]) & (slots[None, :] > slots[:, None] - 4)
+    upstream = torch.randn(1, 13, HEADS, DIM)
+    additive = torch.zeros(13, 13).masked_fill(~window, float("-inf"))[None, None]
+    expected = eager_attention_forward(module, q, k, v, additive, scaling=0.2)[0]
+    (expected * upstream).sum().backward()
+    reference = [t.grad.clone() for t in (q, k, v, module.sinks)]
+    for t in (q, k, v, module.sinks):
+        t.grad = None
+    out = attend(q, k, v, window[None, None], module.sinks)
+    (out * upstream).sum().backward()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for got, want in zip([t.grad for t in (q, k, v, module.sinks)], reference, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert (attend(q, k, v, window[None, None]) - out).abs().max() > 1e-2  # the sinks count
 
 
 def test_a_mask_with_holes_is_refused() -> None:

@@ -1,6 +1,7 @@
 """``features.exact.enabled=true``: the rollout's sampling log-probs equal the trainer's bit for bit on
 every step (``train_infer_logprob_diff`` 0.0, ``train_infer_logprob_exact_fraction`` 1.0), on
-the tiny dense and MoE presets, with Graft's decode loop and with transformers' generate, on-
+the tiny dense and MoE presets and GPT-OSS (attention sinks, a sliding window shorter than the
+sequences), with Graft's decode loop and with transformers' generate, on-
 and off-policy, with packed rows of a bounded length, several micro-batches of other sizes, and
 on 2 gloo ranks; and the default task learns to the reward it reaches without exact."""
 
@@ -51,6 +52,11 @@ def assert_exact_every_step(rows: list[dict], steps: int) -> None:
                   "engine.max_tokens_per_row=32", "rollout.prompts_per_step=5", "rollout.n=2",
                   "rollout.max_new_tokens=8", "algorithm.old_logprobs=always"),
                  id="moe-static-rows"),
+    # GPT-OSS: attention sinks, its sliding layers' window (8 keys) shorter than the sequences
+    pytest.param(("model.preset=tiny-gpt-oss", "+model.overrides.sliding_window=8",
+                  "rollout.decode=static", "rollout.max_new_tokens=16"), id="gpt-oss-static"),
+    pytest.param(("model.preset=tiny-gpt-oss", "+model.overrides.sliding_window=8",
+                  "rollout.decode=dynamic", "rollout.max_new_tokens=16"), id="gpt-oss-dynamic"),
 ])
 def test_rollout_logprobs_equal_the_trainers_bit_for_bit(tmp_path: Path,
                                                          overrides: tuple[str, ...]) -> None:

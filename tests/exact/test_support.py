@@ -16,7 +16,6 @@ from graft.errors import ConfigError
     (["rollout.decode=static", "rollout.decode_compile=inductor"], "decode_compile=inductor"),
     (["engine.compile=true"], "engine.compile=true"),
     (["features.graphed_decode.fuse_kernels=true"], "graphed_decode.fuse_kernels=true"),
-    (["model.preset=tiny-gpt-oss"], "attention sinks"),
     (["model.preset=tiny-deepseek-v4"], "indexer"),
 ])
 def test_what_the_exact_kernels_cannot_serve_is_a_config_error(overrides: list[str],
@@ -27,7 +26,7 @@ def test_what_the_exact_kernels_cannot_serve_is_a_config_error(overrides: list[s
 
 def test_exact_is_off_by_default_and_composes_for_the_core_presets() -> None:
     assert compose([]).features.exact.enabled is False
-    for preset in ("tiny-llama", "tiny-qwen3-moe", "tiny-deepseek-v3"):
+    for preset in ("tiny-llama", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-gpt-oss"):
         assert compose(["features.exact.enabled=true", f"model.preset={preset}"]).features.exact.enabled
     windowed = ["model.preset=tiny-qwen3-moe", "+model.overrides.use_sliding_window=true",
                 "+model.overrides.sliding_window=16"]  # shorter than the default run's sequences

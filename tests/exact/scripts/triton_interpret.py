@@ -2,11 +2,11 @@
 each row's product and sum independent of the other rows, the product's two layouts (one
 program per tile, or per tile and chunk of ``K``) the same bits, the RMSNorm, rotary and SiLU
 kernels close to the eager math and row-invariant (their gradients the eager form's), the
-window attention equal for a packed row and decode steps over a longer cache, and all of them
-close to the reference math; the attention's gradients equal to the CPU exact attention's
-differentiated (`WindowAttention` recomputes the ordinary attention's); the grouped experts
-product and its
-gradients equal transformers' eager experts (whose products the CPU runs).
+window attention equal for a packed row and decode steps over a longer cache (with and without
+attention sinks), and all of them close to the reference math; the attention's gradients equal
+to the CPU exact attention's differentiated (`WindowAttention` recomputes the ordinary
+attention's); the grouped experts product and its gradients equal transformers' eager experts
+(whose products the CPU runs).
 
 usage: TRITON_INTERPRET=1 python triton_interpret.py   (prints OK)
 """
@@ -129,6 +129,11 @@ def check_row_sum() -> None:
 
 
 def check_attention() -> None:
+    for sinks in (None, torch.randn(4)):
+        check_attention_windows(sinks)
+
+
+def check_attention_windows(sinks: torch.Tensor | None) -> None:
     torch.manual_seed(1)
     heads, kv_heads, dim = 4, 2, 16
     lengths = [5, 70, 9]  # 70: more than one block of keys
@@ -138,8 +143,8 @@ def check_attention() -> None:
     segment = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])
     slots = torch.arange(total)
     mask = ((segment[:, None] == segment[None, :]) & (slots[None, :] <= slots[:, None]))[None, None]
-    packed = triton_window_attention(q, k, v, mask, scale=0.25)
-    reference = cpu_window_attention(q, k, v, mask, scale=0.25)
+    packed = triton_window_attention(q, k, v, mask, scale=0.25, sinks=sinks)
+    reference = cpu_window_attention(q, k, v, mask, scale=0.25, sinks=sinks)
     torch.testing.assert_close(packed, reference, rtol=1e-5, atol=1e-5)
     begin = 5  # the second sample: decode steps over a cache where it starts at slot 3
     cache_k, cache_v = torch.randn(1, kv_heads, 90, dim), torch.randn(1, kv_heads, 90, dim)
@@ -147,7 +152,7 @@ def check_attention() -> None:
     for step in (0, 1, 63, 64, 69):
         valid = (torch.arange(80) >= 3) & (torch.arange(80) <= 3 + step)
         out = triton_window_attention(q[:, :, begin + step:begin + step + 1], cache_k, cache_v,
-                                  valid[None, None, None], scale=0.25)
+                                      valid[None, None, None], scale=0.25, sinks=sinks)
         assert torch.equal(out[0, 0], packed[0, begin + step]), step
 
 
@@ -156,7 +161,8 @@ def check_attention_gradients() -> None:
     recomputed) inside the exact kernels' mode (which refuses SDPA) as the trainer's backward
     runs: equal to the CPU exact attention's, differentiated operation by operation,
     for a packed row with a query that attends nothing (a mask row of pads), an additive mask
-    covering fewer keys than the cache, and no mask (causal)."""
+    covering fewer keys than the cache, and no mask (causal); with attention sinks, their
+    gradient too."""
     torch.manual_seed(2)
     heads, kv_heads, dim = 4, 2, 16
     segment = torch.tensor([0] * 6 + [1] * 9 + [2] * 3)
@@ -165,24 +171,28 @@ def check_attention_gradients() -> None:
     packed[-1] = False  # a query attending no key: output 0, gradient 0
     additive = torch.zeros(1, 1, 18, 15).masked_fill(~packed[:, :15][None, None], -1e30)
     additive[..., -1, :] = -1e30
-    for mask, keys in ((packed[None, None], 18), (additive, 20), (None, 18)):
+    cases = ((packed[None, None], 18, False), (additive, 20, False), (None, 18, False),
+             (packed[None, None], 18, True))
+    for mask, keys, with_sinks in cases:
         q = torch.randn(1, heads, 18, dim, requires_grad=True)
         k = torch.randn(1, kv_heads, keys, dim, requires_grad=True)
         v = torch.randn(1, kv_heads, keys, dim, requires_grad=True)
+        sinks = torch.randn(heads, requires_grad=True) if with_sinks else None
+        inputs = [t for t in (q, k, v, sinks) if t is not None]
         weights = torch.randn(1, 18, heads, dim)
         with exact_kernels():
-            (invariant_attention(q, k, v, mask, scale=0.25) * weights).sum().backward()
-        ours = [t.grad.clone() for t in (q, k, v)]
-        for t in (q, k, v):
+            (invariant_attention(q, k, v, mask, scale=0.25, sinks=sinks) * weights).sum().backward()
+        ours = [t.grad.clone() for t in inputs]
+        for t in inputs:
             t.grad = None
         # the exact math differentiated operation by operation
-        reference = cpu_window_attention(q, k, v, mask, scale=0.25)
-        torch.testing.assert_close(triton_window_attention(q, k, v, mask, scale=0.25),
+        reference = cpu_window_attention(q, k, v, mask, scale=0.25, sinks=sinks)
+        torch.testing.assert_close(triton_window_attention(q, k, v, mask, scale=0.25, sinks=sinks),
                                    reference, rtol=1e-5, atol=1e-5)
         (reference * weights).sum().backward()
-        for got, expected in zip(ours, (q.grad, k.grad, v.grad), strict=True):
+        for got, expected in zip(ours, [t.grad for t in inputs], strict=True):
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
-        assert ours[2].abs().sum() > 0
+        assert ours[2].abs().sum() > 0 and (sinks is None or ours[3].abs().sum() > 0)
 
 
 def check_experts() -> None:

@@ -11,7 +11,9 @@ order: ``q . k`` as a pairwise tree over the head dimension, the softmax's max (
 order), ``exp(s - max)``, and both sums over the keys (the normaliser and ``p . v``) as pairwise
 trees over the window (`graft_exact.reductions.tree_sum`), whose width, a power of two,
 does not change the result. Two passes (max, then sums) and fp32 throughout; the output in the
-query's dtype.
+query's dtype. A head's attention sink (GPT-OSS's ``sinks``, transformers' ``s_aux``: a logit
+with no value, which only enlarges the softmax's normaliser) joins the max and is added to the
+normaliser after the window's tree, in the same place for every query.
 
 On CUDA the forward is one Triton kernel (`graft_exact.triton_attention`); on either
 device the gradient is the ordinary attention's (`graft_exact.attention_grad`).
@@ -45,17 +47,21 @@ def exact_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     """transformers' attention interface: ``query (B, H, Q, D)``, ``key``/``value``
     ``(B, Hkv, K, D)`` (query head ``h`` uses key head ``h // (H / Hkv)``), a boolean or
     additive ``attention_mask (B|1, 1, Q, K')`` (``K' <= K``: the first ``K'`` keys; None:
-    causal, the queries last); returns ``(B, Q, H, Dv)`` and no weights."""
+    causal, the queries last) and optionally ``s_aux`` ``(H,)``, each head's sink logit;
+    returns ``(B, Q, H, Dv)`` and no weights."""
     if dropout:
         raise ExactAttentionError("exact attention has no dropout; set attention_dropout=0")
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    return invariant_attention(query, key, value, attention_mask, scale=scale), None
+    return invariant_attention(query, key, value, attention_mask, scale=scale,
+                               sinks=kwargs.get("s_aux")), None
 
 
 def cpu_window_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         mask: torch.Tensor | None, *, scale: float) -> torch.Tensor:
+                         mask: torch.Tensor | None, *, scale: float,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The exact attention's forward on CPU (no autograd: `WindowAttention`), ``(B, Q, H, Dv)``
-    in the query's dtype, queries taken a chunk at a time."""
+    in the query's dtype, queries taken a chunk at a time; ``sinks`` ``(H,)``: each head's sink
+    logit, or None."""
     batch, heads, queries, dim = query.shape
     attend = _attended(mask, batch, queries, key.shape[2], query.device)
     key, value = key[:, :, :attend.shape[-1]], value[:, :, :attend.shape[-1]]
@@ -67,7 +73,7 @@ def cpu_window_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     for first in range(0, queries, step):
         part = slice(first, min(first + step, queries))
         out[:, :, part] = _attend_window(query[:, :, part], key, value, start[:, part],
-                                         count[:, part], width, scale)
+                                         count[:, part], width, scale, sinks)
     return out.to(query.dtype).transpose(1, 2).contiguous()
 
 
@@ -102,7 +108,7 @@ def _windows(attend: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _attend_window(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    start: torch.Tensor, count: torch.Tensor, width: int,
-                   scale: float) -> torch.Tensor:
+                   scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
     """``(B, H, Q, Dv)`` fp32 for the queries whose windows are ``start``/``count`` ``(B, Q)``."""
     batch, heads, queries, dim = query.shape
     kv_heads = key.shape[1]
@@ -117,9 +123,14 @@ def _attend_window(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     scores = tree_sum(grouped[..., None, :] * keys[:, :, None], -1) * scale  # (B, Hkv, G, Q, W)
     scores = torch.where(valid[:, None, None], scores, float("-inf"))
     top = scores.amax(-1, keepdim=True)
+    if sinks is not None:  # (H,) -> (1, Hkv, G, 1, 1), as the query heads are grouped
+        sink = sinks.float().reshape(1, kv_heads, heads // kv_heads, 1, 1)
+        top = torch.maximum(top, sink)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     probs = torch.where(valid[:, None, None], torch.exp(scores - top), 0.0)
     total = tree_sum(probs, -1)
+    if sinks is not None:
+        total = total + torch.exp(sink - top)[..., 0]
     weighted = tree_sum(probs[..., None] * values[:, :, None], -2)  # (B, Hkv, G, Q, Dv)
     out = weighted / torch.where(total > 0, total, 1.0)[..., None]
     return out.reshape(batch, heads, queries, -1)

@@ -9,8 +9,9 @@ pass), and walks the window in blocks of `BLOCK_N` keys from its start,
 in order, with the online softmax: every block holds at least one attended key, so a query's
 result depends only on its ``count`` keys, in the same order, for a packed training row, a
 prefill and a decode step over a longer cache alike. ``p`` is rounded to the values' dtype
-before ``p . v`` (one rounding point, the same everywhere). The mask's contiguity is checked on
-CPU (the same model code builds the masks); here it is trusted.
+before ``p . v`` (one rounding point, the same everywhere). A head's attention sink (``SINKS``)
+joins the running max and the normaliser once, after the last block. The mask's contiguity is
+checked on CPU (the same model code builds the masks); here it is trusted.
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ def _window(m_ptr, smb, smq, smk, mask_keys, batch, query, keys, queries,
 
 
 @triton.jit
-def _window_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, m_ptr, scale, kv_heads, queries, keys,
-                             mask_keys, sqb, sqh, sqq, sqd, skb, skh, skn, skd, svb, svh, svn,
+def _window_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, m_ptr, s_ptr, scale, kv_heads, queries,
+                             keys, mask_keys, sqb, sqh, sqq, sqd, skb, skh, skn, skd, svb, svh, svn,
                              svd, sob, soq, soh, sod, smb, smq, smk, GROUP: tl.constexpr,
                              BLOCK_G: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                              DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-                             MASK: tl.constexpr, BOOL_MASK: tl.constexpr,
+                             MASK: tl.constexpr, BOOL_MASK: tl.constexpr, SINKS: tl.constexpr,
                              BLOCK_SCAN: tl.constexpr, IEEE: tl.constexpr):
     query = tl.program_id(0)
     pair = tl.program_id(1)
@@ -90,6 +91,12 @@ def _window_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, m_ptr, scale, kv_heads,
         else:
             acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v)
         top = new_top
+    if SINKS:
+        sink = tl.load(s_ptr + heads, mask=group < GROUP, other=0.0).to(tl.float32)
+        new_top = tl.maximum(top, sink)
+        rescale = tl.exp(top - new_top)
+        total = total * rescale + tl.exp(sink - new_top)
+        acc = acc * rescale[:, None]
     out = acc / tl.where(total > 0, total, 1.0)[:, None]
     tl.store(o_ptr + batch * sob + query * soq + heads[:, None] * soh + dims_v[None, :] * sod,
              out.to(o_ptr.dtype.element_ty),
@@ -102,9 +109,11 @@ def _mask_rows(mask: torch.Tensor | None, batch: int, queries: int) -> torch.Ten
 
 
 def triton_window_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            mask: torch.Tensor | None, *, scale: float) -> torch.Tensor:
+                            mask: torch.Tensor | None, *, scale: float,
+                            sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton kernel's output, ``(B, Q, H, Dv)`` (no autograd:
-    `graft_exact.attention_grad.invariant_attention`)."""
+    `graft_exact.attention_grad.invariant_attention`); ``sinks`` ``(H,)``: each head's sink
+    logit, or None."""
     batch, heads, queries, dim = query.shape
     kv_heads, dim_v = key.shape[1], value.shape[-1]
     rows = _mask_rows(mask, batch, queries)
@@ -115,11 +124,13 @@ def triton_window_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     grid = (queries, batch * kv_heads)
     mask_args = (query, 0, 0, 0, 0) if rows is None else (rows, *rows.stride(), rows.shape[-1])
     _window_attention_kernel[grid](
-        query, key, value, out, mask_args[0], scale, kv_heads, queries, key.shape[2],
+        query, key, value, out, mask_args[0], query if sinks is None else sinks.contiguous(),
+        scale, kv_heads, queries, key.shape[2],
         mask_args[4], *query.stride(), *key.stride(), *value.stride(), *out.stride(),
         *mask_args[1:4], GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), DIM=dim,
         BLOCK_D=max(16, triton.next_power_of_2(dim)), DIM_V=dim_v,
         BLOCK_DV=max(16, triton.next_power_of_2(dim_v)), BLOCK_N=BLOCK_N,
         MASK=rows is not None, BOOL_MASK=rows is not None and rows.dtype == torch.bool,
-        BLOCK_SCAN=BLOCK_SCAN, IEEE=query.dtype == torch.float32, num_warps=4)
+        SINKS=sinks is not None, BLOCK_SCAN=BLOCK_SCAN, IEEE=query.dtype == torch.float32,
+        num_warps=4)
     return out

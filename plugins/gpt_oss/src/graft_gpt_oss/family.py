@@ -58,7 +58,4 @@ def gpt_oss_family() -> ModelFamily:
     return ModelFamily("gpt_oss", presets={"tiny-gpt-oss": tiny_gpt_oss},
                        packed_attention_mask=packed_masks, router_modules=routers_at("router"),
                        routing_weights=routing_weights, parallelize=parallelize_gpt_oss,
-                       expert_parallel=True,
-                       # graft-exact's reason to refuse the family (features.exact.enabled)
-                       extras={"exact": {"unsupported": "its attention sinks and sliding-window "
-                                                        "layers have no exact kernel yet"}})
+                       expert_parallel=True)
