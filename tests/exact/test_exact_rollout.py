@@ -1,9 +1,10 @@
 """``features.exact.enabled=true``: the rollout's sampling log-probs equal the trainer's bit for bit on
 every step (``train_infer_logprob_diff`` 0.0, ``train_infer_logprob_exact_fraction`` 1.0), on
-the tiny dense and MoE presets and GPT-OSS (attention sinks, a sliding window shorter than the
-sequences), with Graft's decode loop and with transformers' generate, on-
-and off-policy, with packed rows of a bounded length, several micro-batches of other sizes, and
-on 2 gloo ranks; and the default task learns to the reward it reaches without exact."""
+the tiny dense and MoE presets, DeepSeek-V3 (latent attention, routed and shared experts) and
+GPT-OSS (attention sinks, a sliding window shorter than the sequences), with Graft's decode
+loop and with transformers' generate, on- and off-policy, with packed rows of a bounded length,
+several micro-batches of other sizes, and on 2 gloo ranks; and the default task learns to the
+reward it reaches without exact."""
 
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ def assert_exact_every_step(rows: list[dict], steps: int) -> None:
                   "engine.max_tokens_per_row=32", "rollout.prompts_per_step=5", "rollout.n=2",
                   "rollout.max_new_tokens=8", "algorithm.old_logprobs=always"),
                  id="moe-static-rows"),
+    # DeepSeek-V3: multi-head latent attention, a dense first layer, routed and shared experts
+    pytest.param(("model.preset=tiny-deepseek-v3", "rollout.decode=static",
+                  "rollout.max_new_tokens=16"), id="deepseek-v3-static"),
     # GPT-OSS: attention sinks, its sliding layers' window (8 keys) shorter than the sequences
     pytest.param(("model.preset=tiny-gpt-oss", "+model.overrides.sliding_window=8",
                   "rollout.decode=static", "rollout.max_new_tokens=16"), id="gpt-oss-static"),
