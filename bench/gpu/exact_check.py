@@ -2,7 +2,8 @@
 
 1. ``gradients``: the Triton window attention (`graft_exact.triton_attention`) inside
    the exact kernels' mode, against SDPA: the output's largest difference and the gradients'
-   relative errors (q, k, v), bf16 and fp32, a packed row of three samples.
+   relative errors (q, k, v), bf16 and fp32, a packed row of three samples; ``sinks``: the
+   same with attention sinks over a sliding window, against transformers' GPT-OSS attention.
 2. ``model_gradients``: a small Llama with the exact kernels installed against the same weights
    with SDPA, one forward + backward of a packed batch: every parameter has a gradient, and each
    gradient's relative error.
@@ -70,6 +71,48 @@ def attention_gradients(device: str, dtype: torch.dtype) -> dict[str, Any]:
     return {"dtype": str(dtype), "output_max_abs_diff": float((out - reference).abs().max()),
             **{f"grad_{n}_relative": relative(g, t.grad) for n, g, t
                in zip("qkv", ours, (q, k, v), strict=True)}}
+
+
+def attention_sinks(device: str, dtype: torch.dtype) -> dict[str, Any]:
+    """The Triton attention with attention sinks (GPT-OSS's) against transformers' GPT-OSS
+    eager attention on a 128-key sliding window of one 512-token sample (GQA 8/2, head dim
+    64): output and gradients (q, k, v, sinks); and whether the last query's output is
+    bit-equal as a decode step over a cache where the sample starts elsewhere."""
+    from graft_exact.attention_grad import invariant_attention
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    torch.manual_seed(0)
+    slots = torch.arange(512, device=device)
+    window = (slots[None, :] <= slots[:, None]) & (slots[None, :] > slots[:, None] - 128)
+    q = torch.randn(1, 8, 512, 64, device=device, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, 2, 512, 64, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(1, 2, 512, 64, device=device, dtype=dtype, requires_grad=True)
+    module = torch.nn.Module()
+    module.sinks = torch.nn.Parameter(torch.randn(8, device=device, dtype=dtype))
+    module.num_key_value_groups, module.training = 4, False
+    weights = torch.randn(1, 512, 8, 64, device=device, dtype=dtype)
+    inputs = (q, k, v, module.sinks)
+    with exact_kernels():
+        out = invariant_attention(q, k, v, window[None, None], scale=0.125, sinks=module.sinks)
+        (out.float() * weights).sum().backward()
+        cache_k = torch.randn(1, 2, 700, 64, device=device, dtype=dtype)
+        cache_v = torch.randn(1, 2, 700, 64, device=device, dtype=dtype)
+        cache_k[:, :, 100:612], cache_v[:, :, 100:612] = k.detach(), v.detach()
+        attend = (torch.arange(700, device=device) > 611 - 128) & \
+            (torch.arange(700, device=device) <= 611)
+        step = invariant_attention(q[:, :, -1:].detach(), cache_k, cache_v,
+                                   attend[None, None, None], scale=0.125, sinks=module.sinks)
+    ours = [t.grad.clone() for t in inputs]
+    for t in inputs:
+        t.grad = None
+    additive = torch.zeros(512, 512, device=device, dtype=dtype).masked_fill(~window, float("-inf"))
+    reference = eager_attention_forward(module, q, k, v, additive[None, None], scaling=0.125)[0]
+    (reference.float() * weights).sum().backward()
+    return {"dtype": str(dtype),
+            "output_max_abs_diff": float((out - reference).detach().abs().max()),
+            "decode_step_bit_equal": torch.equal(step[0, 0], out[0, -1]),
+            **{f"grad_{n}_relative": relative(g, t.grad) for n, g, t
+               in zip(("q", "k", "v", "sinks"), ours, inputs, strict=True)}}
 
 
 def model_gradients(device: str) -> dict[str, Any]:
@@ -145,8 +188,8 @@ def main() -> None:
     parser.add_argument("--out", default="exact_check.json")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--parts", nargs="+", default=["gradients", "model_gradients", "experts", "rl"],
-                        choices=["gradients", "model_gradients", "experts", "rl"])
+    parts = ["gradients", "sinks", "model_gradients", "experts", "rl"]
+    parser.add_argument("--parts", nargs="+", default=parts, choices=parts)
     parser.add_argument("--presets", nargs="+", default=["tiny-llama", "tiny-qwen3-moe"],
                         help="the rl part's presets")
     parser.add_argument("--rl-overrides", nargs="*", default=[],
@@ -161,6 +204,8 @@ def main() -> None:
 
     if args.device == "cuda" and "gradients" in args.parts:
         save("gradients", [attention_gradients("cuda", d) for d in (torch.bfloat16, torch.float32)])
+    if args.device == "cuda" and "sinks" in args.parts:
+        save("sinks", [attention_sinks("cuda", d) for d in (torch.bfloat16, torch.float32)])
     if "model_gradients" in args.parts:
         save("model_gradients", model_gradients(args.device))
     if args.device == "cuda" and "experts" in args.parts:
