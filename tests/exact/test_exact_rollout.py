@@ -1,10 +1,10 @@
 """``features.exact.enabled=true``: the rollout's sampling log-probs equal the trainer's bit for bit on
 every step (``train_infer_logprob_diff`` 0.0, ``train_infer_logprob_exact_fraction`` 1.0), on
-the tiny dense and MoE presets, DeepSeek-V3 (latent attention, routed and shared experts) and
-GPT-OSS (attention sinks, a sliding window shorter than the sequences), with Graft's decode
-loop and with transformers' generate, on- and off-policy, with packed rows of a bounded length,
-several micro-batches of other sizes, and on 2 gloo ranks; and the default task learns to the
-reward it reaches without exact."""
+the tiny dense and MoE presets, DeepSeek-V3 (latent attention, routed and shared experts),
+GLM-4.5-MoE and GPT-OSS (attention sinks, a sliding window shorter than the sequences), with
+Graft's decode loop and with transformers' generate, on- and off-policy, with packed rows of a
+bounded length, several micro-batches of other sizes, and on 2 gloo ranks; and the default
+task learns to the reward it reaches without exact."""
 
 from __future__ import annotations
 
@@ -67,6 +67,31 @@ def test_rollout_logprobs_equal_the_trainers_bit_for_bit(tmp_path: Path,
     rows = fit(tmp_path, "trainer.total_steps=10", *overrides)
     assert_exact_every_step(rows, 10)
     assert len({r["response_length"] for r in rows}) > 1  # the lengths changed between steps
+
+
+@pytest.mark.slow  # a saved model, 3 steps (~15 s on 2 cores)
+def test_a_saved_glm4_moe_model_samples_exactly(tmp_path: Path) -> None:
+    """GLM-4.5-MoE (transformers' ``glm4_moe``: routed and shared experts, a dense first
+    layer), a tiny random model loaded from ``model.path``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from graft.testing import write_chat_checkpoint
+
+    folder = write_chat_checkpoint(tmp_path / "model")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    config = AutoConfig.for_model(
+        "glm4_moe", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+        moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+        max_position_embeddings=1024, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    rows = fit(tmp_path / "run", f"model.path={folder}", "trainer.total_steps=3",
+               "rollout.decode=static", "rollout.max_new_tokens=16")
+    assert_exact_every_step(rows, 3)
 
 
 def test_without_exact_the_logprobs_differ(tmp_path: Path) -> None:
