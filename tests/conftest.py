@@ -67,20 +67,47 @@ def _pip(*args: str | Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def plugin_sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Build the test plugin wheels once and install them into one target folder per site."""
-    root = tmp_path_factory.mktemp("plugin-sites")
+def build_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Callable[[Path], None]], Path]:
+    """``build_once(name, build)``: the folder ``name``, filled by ``build(folder)`` once per
+    test run and shared by pytest-xdist's workers (the first builds it while the others wait,
+    then they read it), for fixtures whose setup launches multi-process runs or builds wheels,
+    which every worker would otherwise repeat. A build that raised is tried again by the next."""
+    from filelock import FileLock
+
+    run = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run = run.parent  # this run's folder; each worker's own is below it
+
+    def build_folder(name: str, build: Callable[[Path], None]) -> Path:
+        folder, built = run / name, run / f"{name}.built"
+        with FileLock(run / f"{name}.lock"):
+            if not built.exists():
+                shutil.rmtree(folder, ignore_errors=True)  # a failed build of this run's
+                folder.mkdir()
+                build(folder)
+                built.touch()
+        return folder
+
+    return build_folder
+
+
+def _install_plugin_sites(root: Path) -> None:
+    """Build the test plugin wheels and install them into one target folder per site."""
     sources = root / "src"
     shutil.copytree(PLUGIN_SOURCES, sources, ignore=shutil.ignore_patterns("*.egg-info", "build"))
     wheels = root / "wheels"
     _pip("wheel", "--no-deps", "--no-build-isolation", "-w", wheels,
          *(sources / name for name in sorted({n for names in SITES.values() for n in names})))
-    sites = {}
     for site, names in SITES.items():
         files = [next(wheels.glob(f"{name}-*.whl")) for name in names]
         _pip("install", "--no-deps", "--no-index", "--target", root / site, *files)
-        sites[site] = root / site
-    return sites
+
+
+@pytest.fixture(scope="session")
+def plugin_sites(build_once: Callable[[str, Callable[[Path], None]], Path]) -> dict[str, Path]:
+    """The test plugin distributions installed, one target folder per site (`SITES`)."""
+    root = build_once("plugin-sites", _install_plugin_sites)
+    return {site: root / site for site in SITES}
 
 
 @pytest.fixture(scope="session", autouse=True)

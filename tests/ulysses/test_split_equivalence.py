@@ -23,7 +23,7 @@ import torch
 from graft.losses import BUILTIN_AGG_MODES
 from graft_router_replay.routes import ROUTES
 
-# Every test here reads the 4-process runs of one module fixture (~90 s).
+# Every test here reads the 4-process runs of one fixture (~90 s), launched once per test run.
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "split_grads.py"
@@ -44,12 +44,16 @@ def launch(out: Path, ranks: int, sp: int, variants: tuple[str, ...]) -> Path:
     return out
 
 
+def launch_every_layout(root: Path) -> None:
+    for name, layout in LAYOUTS.items():
+        launch(root / name, *layout)
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, dict]]:
-    root = tmp_path_factory.mktemp("ulysses")
-    folders = {name: launch(root / name, *layout) for name, layout in LAYOUTS.items()}
-    return {name: {v: torch.load(folders[name] / f"{v}.pt") for v in LAYOUTS[name][2]}
-            for name in folders}
+def results(build_once) -> dict[str, dict[str, dict]]:
+    root = build_once("ulysses-split", launch_every_layout)
+    return {name: {v: torch.load(root / name / f"{v}.pt") for v in variants}
+            for name, (_, _, variants) in LAYOUTS.items()}
 
 
 def assert_close(reference: torch.Tensor, other: torch.Tensor, what: str) -> None:
