@@ -100,9 +100,9 @@ def _windows(attend: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     expected = (slots >= start[..., None]) & (slots < (start + count)[..., None])
     if not torch.equal(expected, attend):
         raise ExactAttentionError("exact attention needs every query to attend one contiguous "
-                                  "range of keys (causal, packed or left-padded masks); this "
-                                  "model's mask is not (sliding windows, sinks or bidirectional "
-                                  "prefixes are not supported)")
+                                  "range of keys (causal, sliding-window, packed or left-padded "
+                                  "masks); this model's mask attends keys apart from the rest "
+                                  "(a sink key before a window, a sparse selection)")
     return start, count
 
 

@@ -109,5 +109,3 @@ def _attention_with_sinks(query: torch.Tensor, key: torch.Tensor, value: torch.T
     sink = sinks.float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
     probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     return (probs @ value.float()).to(query.dtype)
-
-

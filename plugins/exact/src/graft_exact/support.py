@@ -1,10 +1,11 @@
 """What ``features.exact.enabled`` cannot serve, as `ConfigError`s that say so and how to proceed.
 
 The exact attention (`graft_exact.attention`) attends every query to one contiguous range of
-keys with plain softmax weights: a sliding window is such a range (the trainer's mask and the
-decode's sliding cache hold the same keys in the same order), but attention sinks, sparse
-indexers (DeepSeek-V4) and linear attention compute something else, and a model family can
-refuse for a reason of its own (``ModelFamily.extras["exact"]["unsupported"]``). The rollout
+keys with softmax weights: a sliding window is such a range (the trainer's mask and the
+decode's sliding cache hold the same keys in the same order), and an attention sink (GPT-OSS)
+only enlarges the softmax's normaliser, but sparse indexers (DeepSeek-V4) and linear attention
+compute something else, and a model family can refuse for a reason of its own
+(``ModelFamily.extras["exact"]["unsupported"]``). The rollout
 must be the embedded engine (a separate engine computes with its own kernels), and nothing may
 compile the model's forward or decode step (inductor would fuse the exact kernels into kernels
 of its own order).
