@@ -103,11 +103,16 @@ def test_without_exact_the_logprobs_differ(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # torchrun, 2 gloo ranks, 10 steps (~40 s on 2 cores)
-@pytest.mark.parametrize("decode", ["static", "dynamic"])
-def test_exact_on_two_gloo_ranks(tmp_path: Path, decode: str) -> None:
+@pytest.mark.parametrize(("decode", "overrides"), [
+    ("static", ()),  # tiny Qwen3-MoE
+    # GPT-OSS: attention sinks, an 8-key window shorter than the sequences
+    ("dynamic", ("model.preset=tiny-gpt-oss", "+model.overrides.sliding_window=8",
+                 "rollout.max_new_tokens=12", "engine.max_tokens_per_row=64")),
+])
+def test_exact_on_two_gloo_ranks(tmp_path: Path, decode: str, overrides: tuple[str, ...]) -> None:
     script = Path(__file__).resolve().parent / "scripts" / "two_ranks.py"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", str(script), str(tmp_path), decode],
+                           "--nproc-per-node=2", str(script), str(tmp_path), decode, *overrides],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("METRICS ")]
