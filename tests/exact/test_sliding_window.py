@@ -43,8 +43,10 @@ def windowed_checkpoint(folder: Path, model_type: str, window: int) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("decode", ["dynamic", "static"])
-@pytest.mark.parametrize("model_type", sorted(WINDOWED))
+# each family and each decode path once: transformers' static sliding cache (the decode copy)
+# and its dynamic one (generate on the trained model) drop keys each their own way
+@pytest.mark.parametrize(("model_type", "decode"), [("mistral", "dynamic"),
+                                                    ("gemma3_text", "static")])
 def test_a_window_shorter_than_the_sequences_samples_exactly(tmp_path: Path, model_type: str,
                                                              decode: str) -> None:
     folder = windowed_checkpoint(tmp_path / "model", model_type, window=WINDOW)
