@@ -14,6 +14,7 @@ rotation's transpose through the ordinary kernels.
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -35,8 +36,22 @@ def llama_form_rotary(module: Any) -> bool:
     if getattr(apply, _MARK, False):
         return True
     reference = llama.apply_rotary_pos_emb  # Llama's own may be wrapped already
-    return (same_code(apply, getattr(reference, "__wrapped__", reference))
+    return (same_code(plain_function(apply),
+                      plain_function(getattr(reference, "__wrapped__", reference)))
             and same_code(getattr(module, "rotate_half", None), llama.rotate_half))
+
+
+def plain_function(function: Any) -> Any:
+    """``function`` itself, or the one function inside it when it is the ``kernels`` package's
+    module form of a function (transformers' ``use_kernel_forward_from_hub`` on a function
+    makes one wherever ``kernels`` is installed: an ``nn.Module`` instance whose forward
+    calls the function, held in the forward's closure); None for a module holding no single
+    function."""
+    if not isinstance(function, torch.nn.Module):
+        return function
+    cells = getattr(type(function).forward, "__closure__", None) or ()
+    inner = [cell.cell_contents for cell in cells if inspect.isfunction(cell.cell_contents)]
+    return inner[0] if len(inner) == 1 else None
 
 
 def _rotate_half_transposed(x: torch.Tensor) -> torch.Tensor:
@@ -62,7 +77,7 @@ class _ExactRotary(torch.autograd.Function):
 
 
 def _exact_apply(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
+    @functools.wraps(original, updated=())  # a `kernels` function module: not its __dict__
     def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                              sin: torch.Tensor, unsqueeze_dim: int = 1) -> Any:
         if (exact_active() and q.is_cuda and unsqueeze_dim == 1 and q.dim() == 4

@@ -66,14 +66,36 @@ def apply_activation_checkpointing(model: torch.nn.Module, *, every_blocks: int 
 
 
 def apply_compile(blocks: Sequence[torch.nn.Module], *, dynamic: bool | None = None) -> None:
-    """``torch.compile`` each block in place (parameter names are unchanged).
+    """``torch.compile`` each block in place (parameter names are unchanged), after
+    `drop_hub_kernel_routing`.
 
     ``dynamic=False`` compiles one static graph per input shape: right with ``pad_to_length``,
     whose buckets keep the number of shapes small.
     """
     for block in blocks:
+        drop_hub_kernel_routing(block)
         block.compile(dynamic=dynamic)
     logger.debug("compiled %d decoder blocks", len(blocks))
+
+
+def drop_hub_kernel_routing(block: torch.nn.Module) -> int:
+    """Give each module of ``block`` whose class forward is the ``kernels`` package's routing
+    wrapper its class's own forward, on the instance; returns how many. (transformers decorates
+    its attention classes with ``use_kernelized_func``, which wraps them so wherever ``kernels``
+    is installed; transformers requires it from 5.25.)
+
+    The wrapper only routes a global function to a hub kernel after ``kernels.kernelize``, which
+    Graft never calls, so nothing else changes; but it sets a context variable in every forward,
+    and inside an activation checkpoint that side effect makes dynamo give up the checkpoint's
+    graph: the recompute in backward then ran eagerly.
+    """
+    count = 0
+    for module in block.modules():
+        original = getattr(type(module).forward, "__wrapped__", None)
+        if "_kernel_funcs" in vars(module) and original is not None:
+            module.forward = original.__get__(module)
+            count += 1
+    return count
 
 
 def mixed_precision_policy(mode: str, device: torch.device) -> MixedPrecisionPolicy:
