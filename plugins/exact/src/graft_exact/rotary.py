@@ -77,7 +77,8 @@ class _ExactRotary(torch.autograd.Function):
 
 
 def _exact_apply(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original, updated=())  # a `kernels` function module: not its __dict__
+    # updated=(): a `kernels` function module's __dict__ is its nn.Module state, not a function's
+    @functools.wraps(original, updated=())
     def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                              sin: torch.Tensor, unsqueeze_dim: int = 1) -> Any:
         if (exact_active() and q.is_cuda and unsqueeze_dim == 1 and q.dim() == 4

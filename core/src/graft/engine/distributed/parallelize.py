@@ -80,9 +80,9 @@ def apply_compile(blocks: Sequence[torch.nn.Module], *, dynamic: bool | None = N
 
 def drop_hub_kernel_routing(block: torch.nn.Module) -> int:
     """Give each module of ``block`` whose class forward is the ``kernels`` package's routing
-    wrapper its class's own forward, on the instance; returns how many. (transformers decorates
-    its attention classes with ``use_kernelized_func``, which wraps them so wherever ``kernels``
-    is installed; transformers requires it from 5.25.)
+    wrapper its class's own forward, on the instance; returns how many. transformers'
+    ``use_kernelized_func`` puts that wrapper on its attention classes wherever ``kernels`` is
+    installed (transformers requires it from 5.25).
 
     The wrapper only routes a global function to a hub kernel after ``kernels.kernelize``, which
     Graft never calls, so nothing else changes; but it sets a context variable in every forward,
