@@ -1,7 +1,7 @@
 """RL with ``features.exact.enabled=true`` over 2 ranks for 10 steps (the tiny MoE preset unless an
 OVERRIDE names another), rows of at most 32 tokens: rank 0 prints the metrics
-(``train_infer_logprob_diff`` and
-``train_infer_logprob_exact_fraction`` are reduced over both ranks).
+(``train_infer_logprob_diff`` and ``train_infer_logprob_exact_fraction`` are reduced over both
+ranks).
 
 usage: torchrun --nproc-per-node 2 two_ranks.py RUN_DIR [DECODE [OVERRIDE ...]]
 (DECODE: rollout.decode, default static; OVERRIDEs: more settings, such as another preset)

@@ -36,12 +36,12 @@ def llama_form_rotary(module: Any) -> bool:
     if getattr(apply, _MARK, False):
         return True
     reference = llama.apply_rotary_pos_emb  # Llama's own may be wrapped already
-    return (same_code(plain_function(apply),
-                      plain_function(getattr(reference, "__wrapped__", reference)))
+    return (same_code(_plain_function(apply),
+                      _plain_function(getattr(reference, "__wrapped__", reference)))
             and same_code(getattr(module, "rotate_half", None), llama.rotate_half))
 
 
-def plain_function(function: Any) -> Any:
+def _plain_function(function: Any) -> Any:
     """``function`` itself, or the one function inside it when it is the ``kernels`` package's
     module form of a function (transformers' ``use_kernel_forward_from_hub`` on a function
     makes one wherever ``kernels`` is installed: an ``nn.Module`` instance whose forward

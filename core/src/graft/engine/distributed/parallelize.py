@@ -78,24 +78,16 @@ def apply_compile(blocks: Sequence[torch.nn.Module], *, dynamic: bool | None = N
     logger.debug("compiled %d decoder blocks", len(blocks))
 
 
-def drop_hub_kernel_routing(block: torch.nn.Module) -> int:
+def drop_hub_kernel_routing(block: torch.nn.Module) -> None:
     """Give each module of ``block`` whose class forward is the ``kernels`` package's routing
-    wrapper its class's own forward, on the instance; returns how many. transformers'
-    ``use_kernelized_func`` puts that wrapper on its attention classes wherever ``kernels`` is
-    installed (transformers requires it from 5.25).
-
-    The wrapper only routes a global function to a hub kernel after ``kernels.kernelize``, which
-    Graft never calls, so nothing else changes; but it sets a context variable in every forward,
-    and inside an activation checkpoint that side effect makes dynamo give up the checkpoint's
-    graph: the recompute in backward then ran eagerly.
-    """
-    count = 0
+    wrapper (transformers' ``use_kernelized_func``, on attention classes wherever ``kernels`` is
+    installed: always from transformers 5.25) its class's own forward. The wrapper routes only
+    after ``kernels.kernelize``, which Graft never calls; its context variable, set in every
+    forward, made dynamo give up a checkpoint's graph (the recompute ran eagerly)."""
     for module in block.modules():
         original = getattr(type(module).forward, "__wrapped__", None)
         if "_kernel_funcs" in vars(module) and original is not None:
             module.forward = original.__get__(module)
-            count += 1
-    return count
 
 
 def mixed_precision_policy(mode: str, device: torch.device) -> MixedPrecisionPolicy:
