@@ -32,6 +32,33 @@ def test_generation_respects_the_token_cap_and_reports_logprobs(tmp_path: Path) 
             assert sample.response_ids[-1] == trainer.tokenizer.eos_token_id
 
 
+@pytest.mark.parametrize("decode", ["static", "dynamic"])
+def test_generates_logprobs_from_the_logits_dtype_the_trainer_scores(tmp_path: Path, monkeypatch,
+                                                                    decode: str) -> None:
+    """transformers' ``generate`` hands back fp32 copies of bf16 logits; they are scored cast
+    back to bf16, the dtype the trainer's log-probs read (on a GPU the Triton log-prob kernel
+    spreads a row over its threads by the width of the dtype it reads, so an fp32 row is summed
+    in another order than the same values in bf16)."""
+    import graft.rollout.embedded as embedded
+
+    seen: list[torch.dtype] = []
+
+    def recording(logits, labels, temperature):
+        seen.append(logits.dtype)
+        return token_logprobs(logits, labels, temperature)
+
+    token_logprobs = embedded.token_logprobs
+    monkeypatch.setattr(embedded, "token_logprobs", recording)
+    # decode_compile=none: transformers' generate, not a plugin's loop, decodes the static copy
+    trainer = rl_trainer(tmp_path, "engine.mixed_precision=bf16", f"rollout.decode={decode}",
+                         "rollout.decode_compile=none")
+    assert trainer.engine.compute_dtype == torch.bfloat16
+    samples = trainer.job.rollout.generate([[1, 70, 83], [1, 20, 21, 22]],
+                                           SamplingSpec(1.0, 1.0, 4))
+    assert seen and set(seen) == {torch.bfloat16}
+    assert all(torch.isfinite(s.logprobs).all() and (s.logprobs <= 0).all() for s in samples)
+
+
 class RecordingPlugin:
     """Records a per-token extra during rollout, like routing replay does, and checks it
     reaches the training micro-batches."""

@@ -30,6 +30,7 @@ def build_embedded(*, cfg: GraftConfig, engine: Any, env: Any, tokenizer: Any) -
                            eos_token_id=tokenizer.eos_token_id, device=env.device,
                            reshard_blocks=cfg.engine.reshard_after_forward,
                            static_copy_dtype=engine.compute_dtype if static else None,
+                           logits_dtype=engine.compute_dtype,
                            compile_backend=cfg.rollout.decode_compile,
                            left_padding_exact=engine.family.left_padding_exact, cfg=cfg,
                            group=env.group)

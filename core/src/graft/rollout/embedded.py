@@ -47,9 +47,14 @@ class EmbeddedRollout:
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, eos_token_id: int,
                  device: torch.device, reshard_blocks: bool = True,
                  static_copy_dtype: torch.dtype | None = None,
+                 logits_dtype: torch.dtype | None = None,
                  compile_backend: str = "inductor", left_padding_exact: bool = True,
                  cfg: GraftConfig | None = None, group: dist.ProcessGroup | None = None) -> None:
         self.model = model
+        # transformers' ``generate`` hands back fp32 copies of the logits the model computed in
+        # ``logits_dtype``: cast back (no rounding), they take the log-prob kernel the trainer's
+        # logits take, whose sums a GPU groups by the dtype it reads
+        self.logits_dtype = logits_dtype
         self.group = group  # the ranks that generate together (None: all)
         self.cfg = cfg
         self.left_padding_exact = left_padding_exact
@@ -149,8 +154,10 @@ class EmbeddedRollout:
         # of all (sequences x steps x vocab) logits.
         temperature = torch.full((ids.shape[0],), spec.temperature or 1.0,
                                  device=new_tokens.device)
+        dtype = self.logits_dtype
         logprobs = self._compute(SAMPLE_LOGPROBS, model, lambda: torch.stack(
-            [token_logprobs(step, new_tokens[:, i], temperature)
+            [token_logprobs(step if dtype is None else step.to(dtype), new_tokens[:, i],
+                            temperature)
              for i, step in enumerate(out.logits)], dim=1))
         return new_tokens, logprobs
 
