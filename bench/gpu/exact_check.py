@@ -11,7 +11,11 @@
    Qwen3-MoE layer (128 experts, top-8, hidden 2048) against transformers' eager loop: the
    largest difference, and whether the first token's output is bit-equal alone, in a batch of
    256 (a decode step) and of 4096 (a training micro-batch).
-4. ``rl``: ``graft train features.exact.enabled=true`` on the tiny dense and MoE presets
+4. ``logprob_dtype``: the core's Triton log-prob kernel on bf16 logits and on their fp32
+   copies (what transformers' ``generate`` hands back): the fraction of rows with the same
+   bits, and the largest difference (the embedded engine scores ``generate``'s logits cast back
+   to the compute dtype since 2026-12-08; this part says whether that was needed).
+5. ``rl``: ``graft train features.exact.enabled=true`` on the tiny dense and MoE presets
    (``--presets``) on the GPU (the static decode loop from CUDA graphs where it serves the model):
    each step's ``train_infer_logprob_diff`` and exact fraction (0.0 and 1.0 on every step), and
    the step times.
@@ -169,6 +173,23 @@ def experts_invariance(device: str, *, hidden_size: int = 2048, intermediate: in
             "batches": list(batches)}
 
 
+def logprob_dtype(device: str) -> dict[str, Any]:
+    """The log-prob kernel's bits for bf16 logits against their fp32 copies (64 rows)."""
+    from graft.engine.head.logprobs import token_logprobs
+
+    out = {}
+    for vocab in (512, 32000, 201088):  # tiny presets', TinyLlama's, GPT-OSS's vocabularies
+        torch.manual_seed(0)
+        logits = (3 * torch.randn(64, vocab, device=device)).bfloat16()
+        labels = torch.randint(0, vocab, (64,), device=device)
+        temperature = torch.ones(64, device=device)
+        bf16 = token_logprobs(logits, labels, temperature)
+        fp32 = token_logprobs(logits.float(), labels, temperature)
+        out[vocab] = {"same_bits_fraction": (bf16 == fp32).float().mean().item(),
+                      "max_difference": (bf16 - fp32).abs().max().item()}
+    return out
+
+
 def rl_run(folder: Path, device: str, steps: int, preset: str,
            extra: list[str]) -> dict[str, Any]:
     rows = graft.train(overrides=[
@@ -188,7 +209,7 @@ def main() -> None:
     parser.add_argument("--out", default="exact_check.json")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--steps", type=int, default=4)
-    parts = ["gradients", "sinks", "model_gradients", "experts", "rl"]
+    parts = ["gradients", "sinks", "model_gradients", "experts", "logprob_dtype", "rl"]
     parser.add_argument("--parts", nargs="+", default=parts, choices=parts)
     parser.add_argument("--presets", nargs="+", default=["tiny-llama", "tiny-qwen3-moe"],
                         help="the rl part's presets")
@@ -210,6 +231,8 @@ def main() -> None:
         save("model_gradients", model_gradients(args.device))
     if args.device == "cuda" and "experts" in args.parts:
         save("experts", experts_invariance("cuda"))
+    if "logprob_dtype" in args.parts:
+        save("logprob_dtype", logprob_dtype(args.device))
     with tempfile.TemporaryDirectory() as root:
         for preset in args.presets if "rl" in args.parts else ():
             save(f"rl_{preset}", rl_run(Path(root) / preset, args.device, args.steps, preset,
