@@ -42,12 +42,12 @@ def test_generates_logprobs_from_the_logits_dtype_the_trainer_scores(tmp_path: P
     import graft.rollout.embedded as embedded
 
     seen: list[torch.dtype] = []
+    scored = embedded.token_logprobs
 
     def recording(logits, labels, temperature):
         seen.append(logits.dtype)
-        return token_logprobs(logits, labels, temperature)
+        return scored(logits, labels, temperature)
 
-    token_logprobs = embedded.token_logprobs
     monkeypatch.setattr(embedded, "token_logprobs", recording)
     # decode_compile=none: transformers' generate, not a plugin's loop, decodes the static copy
     trainer = rl_trainer(tmp_path, "engine.mixed_precision=bf16", f"rollout.decode={decode}",
