@@ -9,17 +9,18 @@ vocabulary 32000), decoded by graft-graphed-decode's loop as an RL rollout decod
 - ``exact``: the exact kernels installed (``install_exact_kernels``) and the loop's steps inside
   their dispatch mode (``features.exact.enabled=true``), unfused.
 
-For each batch size, prompts of 32 tokens (no row ends: no EOS) decode 96 and then 224 new tokens
-over the same 256-slot cache, each after a warm-up call (captures, compilation):
+For each batch size, prompts of 32 tokens (no row ends: no EOS) decode 224 and then 96 new tokens
+(``--tokens``) over the same 256-slot cache, each after a warm-up call (captures, compilation):
 
 - ``ms_per_step``: the loop's time per token, ``(t(224) - t(96)) / 128`` (graph replays,
-  sampling, the host's checks; steps attending to 128-256 keys);
+  sampling, the host's checks; steps attending to 128-256 keys), from ``loop_s``, the two
+  calls' seconds;
 - ``replay_ms``: one replay of the step's CUDA graph attending to the whole cache;
 - ``kernels``: the kernels one step launches, run outside its graph (torch.profiler), and their
   total microseconds; ``exact_mode``: whether that step ran inside graft-exact's mode.
 
     python3 bench/decode_step.py --out $OUT/results/decode_step.json
-    python3 bench/decode_step.py --tiny --batches 1 8 --out /tmp/decode_step.json   # CPU smoke test
+    python3 bench/decode_step.py --tiny --batches 1 8 --tokens 8 24 --out /tmp/ds.json  # CPU smoke
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from typing import Any
 
 import torch
 
-PROMPT, SHORT, LONG = 32, 96, 224
+PROMPT = 32
+TOKENS = (96, 224)  # new tokens of the short and the long call (--tokens)
 SHAPES = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
           "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 64,
           "vocab_size": 32000}
@@ -133,20 +135,24 @@ def replay_ms(state: Any, repeats: int = 50) -> float | None:
     return round(1000 * (time.perf_counter() - started) / repeats, 4)
 
 
-def measure(variant: str, batches: list[int], shapes: dict[str, int],
-            device: torch.device) -> dict[str, Any]:
-    """Each batch size's step time, replay time and kernels for ``variant``."""
+def measure(variant: str, batches: list[int], shapes: dict[str, int], device: torch.device,
+            tokens: tuple[int, int] = TOKENS) -> dict[str, Any]:
+    """Each batch size's step time, replay time and kernels for ``variant``: the step time from
+    a short and a long call of ``tokens`` new tokens (the long one first: the short one reuses
+    its cache)."""
     loop = decoder(variant, shapes, device)
+    short, long = tokens
     rows = {}
     for batch in batches:
-        times = {}
-        for tokens in (LONG, SHORT):  # the long call first: the short one reuses its cache
-            loop_seconds(loop, batch, tokens, shapes["vocab_size"], device)  # warm-up
-            times[tokens] = loop_seconds(loop, batch, tokens, shapes["vocab_size"], device)
+        seconds = {}
+        for count in (long, short):
+            loop_seconds(loop, batch, count, shapes["vocab_size"], device)  # warm-up
+            seconds[count] = loop_seconds(loop, batch, count, shapes["vocab_size"], device)
         length = max(length for size, length in loop._states if size == batch)
         state = loop._states[(batch, length)]
-        rows[batch] = {"ms_per_step": round(1000 * (times[LONG] - times[SHORT]) / (LONG - SHORT),
-                                            4),
+        rows[batch] = {"ms_per_step": round(1000 * (seconds[long] - seconds[short])
+                                            / (long - short), 4),
+                       "loop_s": {str(count): round(s, 4) for count, s in seconds.items()},
                        "replay_ms": replay_ms(state) if device.type == "cuda" else None,
                        **step_kernels(loop, state, length, device)}
         print(variant, batch, json.dumps(rows[batch]), flush=True)
@@ -158,9 +164,14 @@ def main() -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64, 256])
     parser.add_argument("--variants", nargs="+", choices=["default", "exact"],
                         default=["default", "exact"])
+    parser.add_argument("--tokens", nargs=2, type=int, default=list(TOKENS),
+                        metavar=("SHORT", "LONG"),
+                        help="new tokens of the two calls a step's time is the difference of")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes on CPU (smoke test)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if not 0 < args.tokens[0] < args.tokens[1]:
+        parser.error(f"--tokens {args.tokens[0]} {args.tokens[1]}: 0 < SHORT < LONG")
     device = torch.device("cpu" if args.tiny else "cuda")
     result: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
@@ -170,7 +181,8 @@ def main() -> None:
         "command": "bench/decode_step.py", "headline": HEADLINE, "variants": {}}
     for variant in args.variants:
         result["variants"][variant] = measure(variant, args.batches,
-                                              TINY if args.tiny else SHAPES, device)
+                                              TINY if args.tiny else SHAPES, device,
+                                              tuple(args.tokens))
         if args.out:
             Path(args.out).write_text(json.dumps(result, indent=1))
 
