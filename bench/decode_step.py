@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -178,7 +179,8 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "measures": "one decode step of a TinyLlama-1.1B-shaped Llama in graft-graphed-decode's "
                     "loop, default (fused blocks) against graft-exact, at each batch size",
-        "command": "bench/decode_step.py", "headline": HEADLINE, "variants": {}}
+        "command": " ".join(["bench/decode_step.py", *sys.argv[1:]]), "headline": HEADLINE,
+        "variants": {}}
     for variant in args.variants:
         result["variants"][variant] = measure(variant, args.batches,
                                               TINY if args.tiny else SHAPES, device,
