@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from timing import replay_ms
 
 PROMPT = 32
 TOKENS = (96, 224)  # new tokens of the short and the long call (--tokens)
@@ -121,19 +122,11 @@ def step_kernels(loop: Any, state: Any, attended: int, device: torch.device) -> 
     return {**found, "exact_mode": all(modes)}
 
 
-def replay_ms(state: Any, repeats: int = 50) -> float | None:
+def state_replay_ms(state: Any, replays: int = 50) -> float | None:
     """Milliseconds per replay of the state's graph over its whole cache (None: no graphs)."""
     if not state.graphs:
         return None
-    graph = state.graphs[max(state.graphs)]
-    for _ in range(5):
-        graph.replay()
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(repeats):
-        graph.replay()
-    torch.cuda.synchronize()
-    return round(1000 * (time.perf_counter() - started) / repeats, 4)
+    return round(replay_ms(state.graphs[max(state.graphs)], replays=replays, warmup=5), 4)
 
 
 def measure(variant: str, batches: list[int], shapes: dict[str, int], device: torch.device,
@@ -154,7 +147,7 @@ def measure(variant: str, batches: list[int], shapes: dict[str, int], device: to
         rows[batch] = {"ms_per_step": round(1000 * (seconds[long] - seconds[short])
                                             / (long - short), 4),
                        "loop_s": {str(count): round(s, 4) for count, s in seconds.items()},
-                       "replay_ms": replay_ms(state) if device.type == "cuda" else None,
+                       "replay_ms": state_replay_ms(state) if device.type == "cuda" else None,
                        **step_kernels(loop, state, length, device)}
         print(variant, batch, json.dumps(rows[batch]), flush=True)
     return rows

@@ -71,10 +71,17 @@ def graph_ms(fn: Callable[[], object], *, calls: int = 20, replays: int = 10) ->
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    graph.replay()
+    return replay_ms(graph, replays=replays) / calls
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, *, replays: int, warmup: int = 1) -> float:
+    """Milliseconds per replay of a captured ``graph``: ``warmup`` replays, then ``replays``
+    timed."""
+    for _ in range(warmup):
+        graph.replay()
     torch.cuda.synchronize()
     started = time.perf_counter()
     for _ in range(replays):
         graph.replay()
     torch.cuda.synchronize()
-    return (time.perf_counter() - started) * 1e3 / (replays * calls)
+    return (time.perf_counter() - started) * 1e3 / replays
